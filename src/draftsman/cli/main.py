@@ -1,0 +1,64 @@
+"""`draftsman` command line: one sub-command module per verb.
+
+Each module in `draftsman.cli` exposes `register(subparsers)`, which adds its parser and sets
+`func(args) -> int`. Errors meant for the user (`DraftsmanError`) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from draftsman.errors import DraftsmanError
+
+COMMAND_MODULES = (
+    "draftsman.cli.generate_cmd",
+    "draftsman.cli.models_cmd",
+    "draftsman.cli.theory_cmd",
+    "draftsman.cli.bench_cmd",
+    "draftsman.cli.serve_cmd",
+    "draftsman.cli.train_cmd",
+    "draftsman.cli.analyze_cmd",
+    "draftsman.cli.profile_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftsman",
+        description=(
+            "Faster LLM generation without changing what is generated: a cheap guesser "
+            "proposes tokens, the target model checks them in one forward pass."
+        ),
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # command not built yet
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except DraftsmanError as exc:
+        print(f"draftsman: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("draftsman: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

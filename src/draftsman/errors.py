@@ -1,0 +1,48 @@
+"""Errors a user can act on.
+
+Every failure that comes from user input (a bad path, an unknown model, an invalid sampling
+value, a prompt that does not fit) raises a `DraftsmanError`. The CLI prints its message on
+one line and exits non-zero; the server turns it into an OpenAI-style error object.
+"""
+
+
+class DraftsmanError(Exception):
+    """Base class: the message is meant for the user, one line, no traceback."""
+
+    status = 400  # HTTP status the server answers with
+
+
+class ModelNotFoundError(DraftsmanError):
+    status = 404
+
+
+class IntegrityError(DraftsmanError):
+    """A downloaded or converted file does not match its pinned hash."""
+
+    status = 500
+
+
+class ContextOverflowError(DraftsmanError):
+    status = 400
+
+
+class InvalidArgumentError(DraftsmanError):
+    status = 400
+
+
+class IncompatibleModelsError(DraftsmanError):
+    """Draft and target cannot work together (e.g. different vocabularies)."""
+
+    status = 400
+
+
+class UnsupportedError(DraftsmanError):
+    """A strategy needs a feature the chosen backend does not have."""
+
+    status = 400
+
+
+class OfflineError(DraftsmanError):
+    """A hub (models or datasets) is not reachable from this machine."""
+
+    status = 503
