@@ -1,0 +1,157 @@
+"""The forward contract every model implements, and the pieces both families share.
+
+`forward(tokens, positions, cache, *, mask, layers, inputs_embeds, hidden_from, logits_at,
+start) -> Output` is a pure function of its inputs and the cache slots before `start`; it
+writes keys/values for the new tokens at slots start..start+T of the layers it runs and sets
+`cache.length = start + T`. It never samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsman.cache import KVCache
+from draftsman.models.config import ModelConfig
+
+ALL = slice(None)
+LAST = slice(-1, None)
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor | None  # [B, T', V] for the positions asked for (None: no head run)
+    hidden: torch.Tensor  # [B, T, H] residual stream after the last layer run
+
+
+def attention_mask(
+    start: int,
+    length: int,
+    mask: torch.Tensor | None,
+    device: torch.device,
+    positions: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor | None:
+    """Boolean mask [B or 1, 1, T, start + T] (True = may attend), or None when all may.
+
+    `mask` may be the full [B, T, start + T] mask or only its new-token part [B, T, T] /
+    [T, T], in which case every new token also sees the whole committed prefix (the tree
+    case). Default: causal among the new tokens, the prefix visible to all.
+    """
+    if mask is not None:
+        if mask.dim() == 2:
+            mask = mask.unsqueeze(0)
+        if mask.shape[-1] == length:  # tree part only: prepend the visible prefix
+            prefix = torch.ones(mask.shape[0], length, start, dtype=torch.bool, device=device)
+            mask = torch.cat([prefix, mask.to(device=device, dtype=torch.bool)], dim=-1)
+        return mask.to(device=device, dtype=torch.bool).unsqueeze(1)
+    if sliding_window is not None and positions is not None and start + length > sliding_window:
+        # key slot j (= position j for a linear sequence) visible iff q - window < j <= q
+        keys = torch.arange(start + length, device=device)
+        q = positions[:, :, None]
+        return ((keys <= q) & (keys > q - sliding_window)).unsqueeze(1)
+    if length == 1:
+        return None
+    keys = torch.arange(start + length, device=device)
+    queries = torch.arange(start, start + length, device=device)
+    return (keys[None, :] <= queries[:, None])[None, None]
+
+
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    start: int,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """q [B, Hq, T, D], k/v [B, Hkv, T, D] for the new tokens -> [B, T, Hq * D]."""
+    keys, values = cache.write(layer, start, k, v)  # [B, Hkv, start+T, D]
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
+    )
+    b, h, t, d = out.shape
+    return out.transpose(1, 2).reshape(b, t, h * d)
+
+
+class DecoderLM(nn.Module):
+    """Shared decode loop; a family supplies `embed`, `layers`, `norm` and `lm_head`."""
+
+    config: ModelConfig
+    layers: nn.ModuleList
+    norm: nn.Module
+    lm_head: nn.Linear
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def layer_context(self, positions: torch.Tensor) -> object:
+        """Per-forward data every layer needs (RoPE tables for Llama, nothing for GPT-2)."""
+        return None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
+        c = self.config
+        return KVCache(
+            c.num_layers, c.num_kv_heads, c.head_dim, capacity,
+            batch=batch, dtype=self.dtype, device=self.device,
+        )
+
+    def head(self, hidden: torch.Tensor, exit_head: nn.Module | None = None) -> torch.Tensor:
+        """Final norm + LM head (or a trained exit head) on any residual-stream state."""
+        normed = self.norm(hidden)
+        return (exit_head or self.lm_head)(normed)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor | None,
+        positions: torch.Tensor,
+        cache: KVCache,
+        *,
+        mask: torch.Tensor | None = None,
+        layers: range | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        hidden_from: torch.Tensor | None = None,
+        logits_at: slice | torch.Tensor | None = ALL,
+        start: int | None = None,
+    ) -> Output:
+        """tokens/positions [B, T]; see the module docstring for the contract.
+
+        `layers` runs only layers[i..j) taking `hidden_from` [B, T, H] as input when i > 0;
+        logits are computed only if the range ends at the last layer and `logits_at` selects
+        positions (a slice or an index tensor over T; None skips the head).
+        """
+        n_layers = self.config.num_layers
+        layers = layers if layers is not None else range(n_layers)
+        start = cache.length if start is None else start
+        length = positions.shape[1]
+        cache.check_room(start + length)
+        if layers.start == 0:
+            x = inputs_embeds if inputs_embeds is not None else self.embed(tokens, positions)
+        else:
+            if hidden_from is None:
+                raise ValueError("a layer range that starts after layer 0 needs hidden_from")
+            x = hidden_from
+        attn_mask = attention_mask(
+            start, length, mask, x.device, positions, self.config.sliding_window
+        )
+        ctx = self.layer_context(positions)
+        for i in layers:
+            x = self.layers[i](x, ctx, cache, i, start, attn_mask)
+        cache.set_length(start + length)
+        logits = None
+        if layers.stop == n_layers and logits_at is not None:
+            logits = self.head(x[:, logits_at])
+        return Output(logits=logits, hidden=x)

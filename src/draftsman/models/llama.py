@@ -1,0 +1,122 @@
+"""Llama-family decoder: Llama 2/3, Mistral, SmolLM/SmolLM2, Qwen2/2.5 (QKV bias), Qwen3 (Q/K norm).
+
+Pre-norm blocks: x += attn(rmsnorm(x)); x += swiglu(rmsnorm(x)). Grouped-query attention
+with RoPE. Q/K/V and gate/up projections are fused into one matrix each at load time (one
+weight read per block half instead of three / two).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsman.cache import KVCache
+from draftsman.models.base import DecoderLM, cached_attention
+from draftsman.models.config import ModelConfig
+from draftsman.models.rope import RotaryTable, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in float32, scale in the model dtype (as the reference implementations do)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.qkv_proj = nn.Linear(c.hidden_size, q_dim + 2 * kv_dim, bias=c.attention_bias)
+        self.o_proj = nn.Linear(q_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
+        self.split = (q_dim, kv_dim, kv_dim)
+
+    def forward(self, x, rope, cache: KVCache, layer: int, start: int, mask) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+        k = k.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.o_proj(cached_attention(q, k, v, cache, layer, start, mask))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
+        self.mlp = SwiGLU(c)
+
+    def forward(self, x, rope, cache, layer, start, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(DecoderLM):
+    def __init__(self, config: ModelConfig, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self._max_positions = max_positions or config.max_position_embeddings
+        self._rope: RotaryTable | None = None
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(tokens)
+
+    def layer_context(self, positions: torch.Tensor):
+        if self._rope is None or self._rope.cos.dtype != self.dtype:
+            self._rope = RotaryTable(self.config, self._max_positions, self.dtype)
+        return self._rope.lookup(positions)
+
+    @staticmethod
+    def convert_hf_state(state: dict[str, torch.Tensor], config: ModelConfig) -> dict:
+        """Hugging Face names -> ours: drop the `model.` prefix, fuse qkv and gate/up."""
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in state.items():
+            key = name.removeprefix("model.")
+            if "rotary_emb" in key:
+                continue
+            out[key] = tensor
+        for i in range(config.num_layers):
+            p = f"layers.{i}."
+            for kind in ("weight", "bias"):
+                parts = [out.pop(f"{p}self_attn.{n}_proj.{kind}", None) for n in "qkv"]
+                if all(t is not None for t in parts):
+                    out[f"{p}self_attn.qkv_proj.{kind}"] = torch.cat(parts, dim=0)
+            gate = out.pop(f"{p}mlp.gate_proj.weight")
+            up = out.pop(f"{p}mlp.up_proj.weight")
+            out[f"{p}mlp.gate_up_proj.weight"] = torch.cat([gate, up], dim=0)
+        if config.tie_word_embeddings:
+            out.pop("lm_head.weight", None)
+        return out

@@ -1,0 +1,93 @@
+"""Load a Hugging Face-style folder (config.json + *.safetensors) into our modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from draftsman.errors import DraftsmanError, IntegrityError, ModelNotFoundError
+from draftsman.models.base import DecoderLM
+from draftsman.models.config import ModelConfig
+from draftsman.models.gpt2 import GPT2Model
+from draftsman.models.llama import LlamaModel
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+          "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise DraftsmanError(f"unknown dtype {name!r}; choose bf16 or fp32") from None
+
+
+def model_class(config: ModelConfig) -> type[DecoderLM]:
+    return GPT2Model if config.family == "gpt2" else LlamaModel
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        if any(folder.glob("*.bin")):
+            raise DraftsmanError(f"{folder} has only .bin weights; convert them to safetensors")
+        raise ModelNotFoundError(f"no *.safetensors weights in {folder}")
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / n for n in names]
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise IntegrityError(f"cannot read weights {f}: {exc}") from exc
+    return state
+
+
+def build_model(
+    config: ModelConfig,
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    max_positions: int | None = None,
+) -> DecoderLM:
+    """Instantiate the family's module and load a Hugging Face-named state dict into it."""
+    cls = model_class(config)
+    with torch.device("meta"):
+        model = cls(config, max_positions)
+    ours = cls.convert_hf_state(state, config)
+    expected = set(model.state_dict().keys())
+    if config.tie_word_embeddings or config.family == "gpt2":
+        expected.discard("lm_head.weight")
+    missing = expected - ours.keys()
+    unexpected = ours.keys() - expected
+    if missing or unexpected:
+        raise IntegrityError(
+            f"weights do not match the config: missing {sorted(missing)[:4]}, "
+            f"unexpected {sorted(unexpected)[:4]}"
+        )
+    ours = {k: v.to(dtype) for k, v in ours.items()}
+    model.load_state_dict(ours, strict=False, assign=True)
+    if config.family == "gpt2":
+        model.lm_head.weight = model.wte.weight
+    elif config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+def load_model(
+    folder: str | Path, dtype: str | torch.dtype = "bf16", max_positions: int | None = None
+) -> DecoderLM:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"model folder {folder} does not exist")
+    config = ModelConfig.from_folder(folder)
+    return build_model(config, read_safetensors(folder), parse_dtype(dtype), max_positions)
