@@ -1,0 +1,714 @@
+"""Benchmark prompts: one `Prompt` type over every dataset draftsman evaluates on.
+
+Local datasets are real public files fetched once and hash-pinned (see `data_sources`):
+HumanEval, MT-Bench, ShareGPT and 70 Reuters-21578 news articles, the latter formatted three
+ways with the prompt formats of Table 1 of "Predictive Pipelined Decoding" (summarization,
+EN->FR translation, question answering). Any `.jsonl` file with a `prompt` field also loads.
+The original benchmark sets (CNN/DailyMail, XSum, SQuAD, WMT14, GSM8K, Alpaca) load through
+the Hugging Face `datasets` library when it is installed and the hub answers.
+
+Invariants:
+- `load_dataset` returns prompts in a fixed order (file order; news by collection, then file
+  name), so `limit=n` is the first n of the full list and repeated calls give equal lists.
+- `Prompt.text` is the first user message, never chat-templated (the engine does that).
+- `Prompt.turns`, when not empty, holds every user turn and `turns[0] == text`.
+- Prompt ids are unique within a dataset.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+from xml.etree import ElementTree
+
+from draftsman.bench import data_sources
+from draftsman.errors import DraftsmanError, InvalidArgumentError, OfflineError
+
+__all__ = [
+    "Prompt",
+    "DatasetInfo",
+    "load_dataset",
+    "list_datasets",
+    "fetch_all",
+    "sharegpt_conversations",
+    "iter_json_array",
+    "SUMMARIZATION_FORMAT",
+    "TRANSLATION_FORMAT",
+    "QA_FORMAT",
+]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt. `reference` is a human-written answer when the dataset has one."""
+
+    id: str
+    dataset: str
+    task: str
+    text: str
+    reference: str | None = None
+    turns: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+class DatasetInfo(NamedTuple):
+    name: str
+    description: str
+    records: int  # prompts `load_dataset(name)` returns (hub sets: size of the default split)
+
+
+# ----------------------------------------------------------------------------- prompt formats
+# Table 1 of Yang et al., "Predictive Pipelined Decoding", reproduced verbatim; "{context}",
+# "{question}" and "{source_sentence}" are the fields filled in.
+
+_RULE = "\u2014" * 7  # the seven em dashes framing the QA context
+
+SUMMARIZATION_FORMAT = "# Article\n{context}\n# Summarize the article\n### Assistant:"
+
+QA_FORMAT = (
+    "We have provided context information below.\n"
+    f"{_RULE}\n"
+    "{context}\n"
+    f"{_RULE}\n"
+    "### Given this information, please answer the question: {question}\n"
+    "### Assistant:"
+)
+
+TRANSLATION_FORMAT = (
+    "### Instruction: Translate English sentence into French.\n"
+    "English: Sounds like a typical rugby club to me.\n"
+    "French: \u00c7a m\u2019a l\u2019air d\u2019\u00eatre un club de rugby typique. #\n"
+    "English: At an English university, perhaps\u2026\n"
+    "French: Dans une universit\u00e9 anglaise, peut-\u00eatre\u2026 #\n"
+    "English: {source_sentence}\n"
+    "French:"
+)
+
+HUMANEVAL_FORMAT = "Complete the following Python function:\n```python\n{prompt}```"
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _key(name: str) -> str:
+    """Dataset names match case-insensitively, with '_' and '-' interchangeable."""
+    return name.strip().lower().replace("_", "-")
+
+
+_SPACE = re.compile(r"\s*")
+
+
+def _take(items: Iterator[Prompt], limit: int | None) -> list[Prompt]:
+    out: list[Prompt] = []
+    if limit == 0:
+        return out
+    for item in items:
+        out.append(item)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+# ----------------------------------------------------------------------------- JSON streaming
+
+
+def iter_json_array(
+    path: str | os.PathLike[str],
+    *,
+    chunk_chars: int = 1 << 20,
+    stats: dict[str, int] | None = None,
+) -> Iterator[Any]:
+    """Yield the elements of the top-level JSON array in `path`, one at a time.
+
+    Reads `chunk_chars` characters at a time and decodes element by element with
+    `json.JSONDecoder.raw_decode`, so memory stays near one chunk plus one element. A file cut
+    off inside an element (ShareGPT's is) ends the iteration after the last complete element;
+    when given, `stats` receives `records` and `truncated_chars` (length of the incomplete
+    tail; 0 when the array is closed). Malformed JSON that is not a cut-off tail raises
+    InvalidArgumentError.
+    """
+    decoder = json.JSONDecoder()
+    records = 0
+
+    def report(truncated: int) -> None:
+        if stats is not None:
+            stats.update(records=records, truncated_chars=truncated)
+
+    with open(path, encoding="utf-8") as f:
+        buf, pos, eof = "", 0, False
+
+        def more() -> bool:
+            """Drop the consumed text, append a chunk; False once the file is exhausted."""
+            nonlocal buf, pos, eof
+            chunk = f.read(chunk_chars)
+            eof = not chunk
+            buf, pos = buf[pos:] + chunk, 0
+            return not eof
+
+        def skip_space() -> bool:
+            """Advance to the next non-space character; False if the file ends first."""
+            nonlocal pos
+            while True:
+                pos = _SPACE.match(buf, pos).end()
+                if pos < len(buf):
+                    return True
+                if not more():
+                    return False
+
+        if not skip_space() or buf[pos] != "[":
+            raise InvalidArgumentError(f"{path}: expected a JSON array")
+        pos += 1
+        if not skip_space() or buf[pos] == "]":
+            report(0)
+            return
+        while True:  # an element starts at `pos`
+            while True:
+                try:
+                    value, end = decoder.raw_decode(buf, pos)
+                except json.JSONDecodeError as e:
+                    cut_off = e.msg.startswith("Unterminated string") or e.pos + 16 >= len(buf)
+                    if not cut_off:
+                        raise InvalidArgumentError(
+                            f"{path}: invalid JSON in element {records}: {e.msg}"
+                        ) from None
+                    if more():
+                        continue
+                    report(len(buf) - pos)  # the file ends inside this element
+                    return
+                if end == len(buf) and more():
+                    continue  # a number could go on in the next chunk: decode again
+                break
+            records += 1
+            yield value
+            pos = end
+            if not skip_space():
+                report(0)  # cut off right after an element
+                return
+            if buf[pos] == "]":
+                report(0)
+                return
+            if buf[pos] != ",":
+                raise InvalidArgumentError(f"{path}: expected ',' or ']' after element {records}")
+            pos += 1
+            if not skip_space():
+                report(0)
+                return
+            if buf[pos] == "]":
+                raise InvalidArgumentError(f"{path}: trailing ',' after element {records}")
+
+
+# ----------------------------------------------------------------------------- HumanEval
+
+
+def _humaneval() -> Iterator[Prompt]:
+    path = data_sources.ensure("humaneval")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            code = rec["prompt"] if rec["prompt"].endswith("\n") else rec["prompt"] + "\n"
+            yield Prompt(
+                id=rec["task_id"],
+                dataset="humaneval",
+                task="code",
+                text=HUMANEVAL_FORMAT.format(prompt=code),
+                reference=rec["canonical_solution"],
+                metadata={
+                    "task_id": rec["task_id"],
+                    "prompt": rec["prompt"],  # raw code prefix: completion = prompt + body
+                    "entry_point": rec["entry_point"],
+                    "test": rec["test"],  # defines check(candidate)
+                },
+            )
+
+
+# ----------------------------------------------------------------------------- MT-Bench
+
+
+def _mt_bench() -> Iterator[Prompt]:
+    path = data_sources.ensure("mt-bench")
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            turns = tuple(rec["turns"])
+            references = rec.get("reference") or []
+            meta: dict[str, Any] = {"question_id": rec["question_id"], "category": rec["category"]}
+            if references:
+                meta["references"] = list(references)  # one per turn
+            yield Prompt(
+                id=f"mt-bench/{rec['question_id']}",
+                dataset="mt-bench",
+                task="chat",
+                text=turns[0],
+                reference=references[0] if references else None,
+                turns=turns,
+                metadata=meta,
+            )
+
+
+# ----------------------------------------------------------------------------- ShareGPT
+
+_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+
+
+def _sharegpt_records() -> Iterator[tuple[int, str, list[dict[str, str]]]]:
+    path = data_sources.ensure("sharegpt")
+    for index, rec in enumerate(iter_json_array(path)):
+        messages = [
+            {"role": _ROLES.get(m["from"].lower(), m["from"].lower()), "content": m["value"]}
+            for m in rec["conversations"]
+        ]
+        yield index, rec["id"], messages
+
+
+def sharegpt_conversations(limit: int | None = None) -> Iterator[list[dict[str, str]]]:
+    """Every complete ShareGPT record, in file order, as `[{"role", "content"}, ...]` with
+    roles `user`, `assistant` or `system` (17,671 records; 126 of them are empty lists and
+    some start with an assistant turn, because the upstream split cut long chats)."""
+    _check_limit(limit)
+    for n, (_, _, messages) in enumerate(_sharegpt_records()):
+        if limit is not None and n >= limit:
+            return
+        yield messages
+
+
+def _sharegpt() -> Iterator[Prompt]:
+    """One prompt per record that has a non-empty user turn: text = the first user turn,
+    reference = the assistant message right after it (None when there is none)."""
+    for index, source_id, messages in _sharegpt_records():
+        first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+        if first is None or not messages[first]["content"].strip():
+            continue
+        nxt = messages[first + 1] if first + 1 < len(messages) else None
+        yield Prompt(
+            id=f"sharegpt/{index}",
+            dataset="sharegpt",
+            task="chat",
+            text=messages[first]["content"],
+            reference=nxt["content"] if nxt and nxt["role"] == "assistant" else None,
+            turns=tuple(m["content"] for m in messages if m["role"] == "user"),
+            metadata={"source_id": source_id, "record": index, "messages": len(messages)},
+        )
+
+
+# ----------------------------------------------------------------------------- news (Reuters)
+
+_NEWS_COLLECTIONS = ("crude", "acq")  # the order prompts come in
+_SIGNOFF = re.compile(r"\s*\bREUTER\b[\s.]*$", re.IGNORECASE)
+_PARAGRAPH = re.compile(r"\n[ \t]{2,}|\n[ \t]*\n")  # Reuters indents each new paragraph
+_SAID = re.compile(r"^(?P<who>[^,;]{2,80}?) said\b")
+_HEADLINE_NOTE = (
+    "the Reuters headline: the closest human-written summary available, not a written abstract"
+)
+
+
+@dataclass(frozen=True)
+class _Article:
+    collection: str
+    file: str
+    newid: str
+    date: str
+    title: str
+    paragraphs: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.collection}/{Path(self.file).stem}"
+
+    @property
+    def body(self) -> str:
+        return "\n".join(self.paragraphs)
+
+    @property
+    def lead(self) -> str:
+        """The first paragraph: a Reuters lead is one or two sentences."""
+        return self.paragraphs[0]
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "collection": self.collection,
+            "file": self.file,
+            "newid": self.newid,
+            "date": self.date,
+            "title": self.title,
+        }
+
+
+def _articles() -> list[_Article]:
+    root = data_sources.ensure("reuters")
+    out = []
+    for collection in _NEWS_COLLECTIONS:
+        for path in sorted((root / collection).glob("*.xml")):
+            doc = ElementTree.parse(path).getroot()
+            text = doc.find("TEXT")
+            if text is None:
+                raise DraftsmanError(f"{path}: no <TEXT> element")
+            title = " ".join((text.findtext("TITLE") or "").split())
+            body = _SIGNOFF.sub("", text.findtext("BODY") or "")
+            paragraphs = tuple(
+                p for p in (" ".join(part.split()) for part in _PARAGRAPH.split(body)) if p
+            )
+            if not title or not paragraphs:
+                raise DraftsmanError(f"{path}: missing <TITLE> or <BODY>")
+            out.append(
+                _Article(
+                    collection=collection,
+                    file=f"{collection}/{path.name}",
+                    newid=doc.get("NEWID", ""),
+                    date=(doc.findtext("DATE") or "").strip(),
+                    title=title,
+                    paragraphs=paragraphs,
+                )
+            )
+    return out
+
+
+def _question(article: _Article) -> tuple[str, str]:
+    """(question, kind) for the QA prompt, built from the lead: "X said ..." asks what X said;
+    otherwise a question about the article's main event."""
+    m = _SAID.match(article.lead)
+    if m and len(m["who"].split()) <= 10:
+        who = m["who"].replace("<", "").replace(">", "").strip("() ")
+        if re.match(r"(A|An|The) [a-z]", who):
+            who = who[0].lower() + who[1:]
+        return f"What did {who} say, according to the article?", "lead-speaker"
+    return "What is the main event reported in the article, and who reported it?", "main-event"
+
+
+def _news_summarization() -> Iterator[Prompt]:
+    for a in _articles():
+        yield Prompt(
+            id=a.id,
+            dataset="news-summarization",
+            task="summarization",
+            text=SUMMARIZATION_FORMAT.format(context=a.body),
+            reference=a.title,
+            metadata={**a.meta(), "context": a.body, "reference_kind": _HEADLINE_NOTE},
+        )
+
+
+def _news_translation() -> Iterator[Prompt]:
+    for a in _articles():
+        yield Prompt(
+            id=a.id,
+            dataset="news-translation",
+            task="translation",
+            text=TRANSLATION_FORMAT.format(source_sentence=a.lead),
+            metadata={
+                **a.meta(),
+                "source_text": a.lead,
+                "source_language": "en",
+                "target_language": "fr",
+                "reference_kind": "none: score against the target model's own output",
+            },
+        )
+
+
+def _news_qa() -> Iterator[Prompt]:
+    for a in _articles():
+        question, kind = _question(a)
+        yield Prompt(
+            id=a.id,
+            dataset="news-qa",
+            task="qa",
+            text=QA_FORMAT.format(context=a.body, question=question),
+            metadata={
+                **a.meta(),
+                "context": a.body,
+                "question": question,
+                "question_kind": kind,
+                "reference_kind": "none: score against the target model's own output",
+            },
+        )
+
+
+# ----------------------------------------------------------------------------- local JSONL
+
+
+def _load_jsonl(path: Path, limit: int | None) -> list[Prompt]:
+    """Each non-blank line is an object with a string `prompt`; optional `id` (unique),
+    `reference`, `task`, `turns` (list of strings); other fields go to metadata."""
+    if not path.is_file():
+        raise InvalidArgumentError(f"dataset file not found: {path}")
+    dataset = path.name.removesuffix(".jsonl")
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if limit is not None and len(prompts) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InvalidArgumentError(f"{where}: invalid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise InvalidArgumentError(f"{where}: expected a JSON object")
+            if "prompt" not in rec:
+                raise InvalidArgumentError(f"{where}: missing required field 'prompt'")
+            text = rec.pop("prompt")
+            if not isinstance(text, str) or not text:
+                raise InvalidArgumentError(f"{where}: 'prompt' must be a non-empty string")
+            reference = rec.pop("reference", None)
+            if reference is not None and not isinstance(reference, str):
+                raise InvalidArgumentError(f"{where}: 'reference' must be a string or null")
+            pid = str(rec.pop("id", lineno))
+            if pid in seen:
+                raise InvalidArgumentError(f"{where}: duplicate id '{pid}'")
+            seen.add(pid)
+            turns = rec.pop("turns", None) or ()
+            if not (isinstance(turns, list | tuple) and all(isinstance(t, str) for t in turns)):
+                raise InvalidArgumentError(f"{where}: 'turns' must be a list of strings")
+            if turns and turns[0] != text:
+                raise InvalidArgumentError(f"{where}: 'turns' must start with 'prompt'")
+            prompts.append(
+                Prompt(
+                    id=pid,
+                    dataset=dataset,
+                    task=str(rec.pop("task", "custom")),
+                    text=text,
+                    reference=reference,
+                    turns=tuple(turns),
+                    metadata=rec,
+                )
+            )
+    if not prompts and limit != 0:
+        raise InvalidArgumentError(f"{path}: no prompts in file")
+    return prompts
+
+
+# ----------------------------------------------------------------------------- hub datasets
+
+
+@dataclass(frozen=True)
+class _HubSet:
+    repo: str
+    config: str | None
+    split: str
+    task: str
+    records: int  # size of the default split
+    description: str
+    convert: Callable[[dict[str, Any]], tuple[str, str | None, dict[str, Any]]]
+
+
+def _hub_cnn(r: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    return SUMMARIZATION_FORMAT.format(context=r["article"]), r["highlights"], {"id": r.get("id")}
+
+
+def _hub_xsum(r: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    return SUMMARIZATION_FORMAT.format(context=r["document"]), r["summary"], {"id": r.get("id")}
+
+
+def _hub_squad(r: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    answers = list(r["answers"]["text"])
+    text = QA_FORMAT.format(context=r["context"], question=r["question"])
+    return text, (answers[0] if answers else None), {"id": r.get("id"), "answers": answers}
+
+
+def _hub_wmt(r: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    pair = r["translation"]
+    return TRANSLATION_FORMAT.format(source_sentence=pair["en"]), pair["fr"], {}
+
+
+def _hub_gsm8k(r: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    final = r["answer"].rsplit("####", 1)[-1].strip()
+    return r["question"], r["answer"], {"final_answer": final}
+
+
+def _hub_alpaca(r: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    text = r["instruction"] + (f"\n\n{r['input']}" if r.get("input") else "")
+    return text, r["output"] or None, {}
+
+
+_HUB: dict[str, _HubSet] = {
+    "cnn_dailymail": _HubSet(
+        "abisee/cnn_dailymail", "3.0.0", "test", "summarization", 11490,
+        "CNN/DailyMail 3.0.0 summarization, table-1 format (hub)", _hub_cnn,
+    ),
+    "xsum": _HubSet(
+        "EdinburghNLP/xsum", None, "test", "summarization", 11334,
+        "XSum extreme summarization, table-1 format (hub)", _hub_xsum,
+    ),
+    "squad": _HubSet(
+        "rajpurkar/squad", None, "validation", "qa", 10570,
+        "SQuAD 1.1 question answering, table-1 format (hub)", _hub_squad,
+    ),
+    "wmt14-en-fr": _HubSet(
+        "wmt/wmt14", "fr-en", "test", "translation", 3003,
+        "WMT14 English->French, table-1 format (hub)", _hub_wmt,
+    ),
+    "gsm8k": _HubSet(
+        "openai/gsm8k", "main", "test", "math", 1319,
+        "GSM8K grade-school math (hub)", _hub_gsm8k,
+    ),
+    "alpaca": _HubSet(
+        "tatsu-lab/alpaca", None, "train", "instruction", 52002,
+        "Stanford Alpaca instructions (hub)", _hub_alpaca,
+    ),
+}  # fmt: skip
+
+
+def _local_names() -> str:
+    return ", ".join(_LOCAL) + ", or a path to a .jsonl file with a 'prompt' field"
+
+
+def _hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def _hub_unreachable_reason() -> str | None:
+    """None if the hub answers an HTTP request within the timeout, else why not."""
+    if any(os.environ.get(v, "") in ("1", "true", "TRUE", "yes") for v in
+           ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):  # fmt: skip
+        return "offline mode is set (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)"
+    timeout = float(os.environ.get("DRAFTSMAN_HUB_TIMEOUT", "5"))
+    request = urllib.request.Request(_hub_endpoint(), method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        return str(getattr(e, "reason", None) or e)
+
+
+def _load_hub(name: str, spec: _HubSet, split: str | None, limit: int | None) -> list[Prompt]:
+    try:
+        import datasets as hf_datasets  # type: ignore[import-not-found]
+    except ImportError:
+        raise OfflineError(
+            f"dataset '{name}' needs the Hugging Face hub, but the `datasets` package is not "
+            f"installed (pip install datasets); local datasets: {_local_names()}"
+        ) from None
+    reason = _hub_unreachable_reason()
+    if reason is not None:
+        raise OfflineError(
+            f"dataset hub unreachable ({_hub_endpoint()}: {reason}), cannot load '{name}'; "
+            f"local datasets: {_local_names()}"
+        )
+    split = split or spec.split
+    try:
+        ds = hf_datasets.load_dataset(spec.repo, spec.config, split=split)
+    except (ConnectionError, TimeoutError) as e:
+        raise OfflineError(f"dataset hub unreachable while loading '{name}': {e}") from e
+    except Exception as e:  # the library raises many kinds; the user needs one line
+        msg = " ".join(str(e).split())
+        raise DraftsmanError(f"cannot load '{name}' ({spec.repo}, split {split}): {msg}") from e
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    prompts = []
+    for i, rec in enumerate(ds):
+        text, reference, meta = spec.convert(rec)
+        prompts.append(
+            Prompt(
+                id=f"{name}/{split}/{i}",
+                dataset=name,
+                task=spec.task,
+                text=text,
+                reference=reference,
+                metadata={**meta, "repo": spec.repo, "split": split, "index": i},
+            )
+        )
+    return prompts
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class _LocalSet:
+    load: Callable[[], Iterator[Prompt]]
+    split: str
+    records: int
+    description: str
+
+
+_LOCAL: dict[str, _LocalSet] = {
+    "humaneval": _LocalSet(
+        _humaneval, "test", 164, "HumanEval code completion; tests in metadata for pass@1"
+    ),
+    "mt-bench": _LocalSet(_mt_bench, "test", 80, "MT-Bench, 80 two-turn questions, 8 categories"),
+    "sharegpt": _LocalSet(
+        _sharegpt, "train", 17_384, "ShareGPT V3 chats: first user turn, answer as reference"
+    ),
+    "news-summarization": _LocalSet(
+        _news_summarization, "test", 70,
+        "Reuters-21578 news, table-1 summarization format; reference = headline",
+    ),
+    "news-translation": _LocalSet(
+        _news_translation, "test", 70,
+        "Reuters-21578 lead sentences, table-1 EN->FR translation format; no reference",
+    ),
+    "news-qa": _LocalSet(
+        _news_qa, "test", 70, "Reuters-21578 news, table-1 QA format; no reference"
+    ),
+}  # fmt: skip
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise InvalidArgumentError(f"limit must be a non-negative integer, got {limit!r}")
+
+
+def load_dataset(
+    name: str | os.PathLike[str], *, limit: int | None = None, split: str | None = None
+) -> list[Prompt]:
+    """Prompts of dataset `name` (see `list_datasets`) or of a local `.jsonl` file.
+
+    `limit` keeps the first n prompts. `split` defaults to the dataset's only / usual split;
+    a local dataset rejects any other. Fetches the local sources on first use."""
+    _check_limit(limit)
+    raw = os.fspath(name)
+    key = _key(raw)
+    if key in _LOCAL:
+        spec = _LOCAL[key]
+        if split is not None and split != spec.split:
+            raise InvalidArgumentError(
+                f"dataset '{key}' has only the split '{spec.split}', not '{split}'"
+            )
+        return _take(spec.load(), limit)
+    hub = {_key(k): k for k in _HUB}
+    if key in hub:
+        return _load_hub(hub[key], _HUB[hub[key]], split, limit)
+    path = Path(raw).expanduser()
+    if raw.endswith(".jsonl") or os.sep in raw or "/" in raw or path.is_file():
+        if split is not None:
+            raise InvalidArgumentError("a .jsonl dataset has no splits; drop --split")
+        return _load_jsonl(path, limit)
+    raise InvalidArgumentError(
+        f"unknown dataset '{raw}'; local: {_local_names()}; hub: {', '.join(_HUB)}"
+    )
+
+
+def list_datasets() -> list[DatasetInfo]:
+    """(name, description, records) of every named dataset: local ones first, then hub ones."""
+    local = [DatasetInfo(n, s.description, s.records) for n, s in _LOCAL.items()]
+    hub = [DatasetInfo(n, s.description, s.records) for n, s in _HUB.items()]
+    return local + hub
+
+
+def fetch_all(*, force: bool = False) -> dict[str, Path]:
+    """Download every local source once (hash-checked); returns source name -> local path."""
+    return data_sources.fetch_all(force=force)
