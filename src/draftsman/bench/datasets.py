@@ -104,6 +104,7 @@ def _key(name: str) -> str:
 
 
 _SPACE = re.compile(r"\s*")
+_DELIMITERS = frozenset(" \t\r\n,]")
 
 
 def _take(items: Iterator[Prompt], limit: int | None) -> list[Prompt]:
@@ -183,8 +184,14 @@ def iter_json_array(
                         continue
                     report(len(buf) - pos)  # the file ends inside this element
                     return
-                if end == len(buf) and more():
-                    continue  # a number could go on in the next chunk: decode again
+                number = isinstance(value, int | float) and not isinstance(value, bool)
+                if number and (end == len(buf) or buf[end] not in _DELIMITERS):
+                    if not eof:  # "678." may be "678.5e1" cut by the chunk
+                        more()
+                        continue
+                    if end == len(buf):  # "2" at the very end may have been "25"
+                        report(len(buf) - pos)
+                        return
                 break
             records += 1
             yield value
