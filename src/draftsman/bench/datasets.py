@@ -552,27 +552,27 @@ def _hub_alpaca(r: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
 _HUB: dict[str, _HubSet] = {
     "cnn_dailymail": _HubSet(
         "abisee/cnn_dailymail", "3.0.0", "test", "summarization", 11490,
-        "CNN/DailyMail 3.0.0 summarization, table-1 format (hub)", _hub_cnn,
+        "CNN/DailyMail 3.0.0 test, pipelined-decoding paper summarization prompt (hub)", _hub_cnn,
     ),
     "xsum": _HubSet(
         "EdinburghNLP/xsum", None, "test", "summarization", 11334,
-        "XSum extreme summarization, table-1 format (hub)", _hub_xsum,
+        "XSum test, pipelined-decoding paper summarization prompt (hub)", _hub_xsum,
     ),
     "squad": _HubSet(
         "rajpurkar/squad", None, "validation", "qa", 10570,
-        "SQuAD 1.1 question answering, table-1 format (hub)", _hub_squad,
+        "SQuAD 1.1 validation, pipelined-decoding paper QA prompt (hub)", _hub_squad,
     ),
     "wmt14-en-fr": _HubSet(
         "wmt/wmt14", "fr-en", "test", "translation", 3003,
-        "WMT14 English->French, table-1 format (hub)", _hub_wmt,
+        "WMT14 EN->FR test, pipelined-decoding paper translation prompt (hub)", _hub_wmt,
     ),
     "gsm8k": _HubSet(
         "openai/gsm8k", "main", "test", "math", 1319,
-        "GSM8K grade-school math (hub)", _hub_gsm8k,
+        "GSM8K test, grade-school math word problems (hub)", _hub_gsm8k,
     ),
     "alpaca": _HubSet(
         "tatsu-lab/alpaca", None, "train", "instruction", 52002,
-        "Stanford Alpaca instructions (hub)", _hub_alpaca,
+        "Stanford Alpaca instructions, train split (hub)", _hub_alpaca,
     ),
 }  # fmt: skip
 
@@ -587,9 +587,9 @@ def _hub_endpoint() -> str:
 
 def _hub_unreachable_reason() -> str | None:
     """None if the hub answers an HTTP request within the timeout, else why not."""
-    if any(os.environ.get(v, "") in ("1", "true", "TRUE", "yes") for v in
-           ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):  # fmt: skip
-        return "offline mode is set (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)"
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"offline mode is set ({var})"
     timeout = float(os.environ.get("DRAFTSMAN_HUB_TIMEOUT", "5"))
     request = urllib.request.Request(_hub_endpoint(), method="HEAD")
     try:
@@ -662,14 +662,14 @@ _LOCAL: dict[str, _LocalSet] = {
     ),
     "news-summarization": _LocalSet(
         _news_summarization, "test", 70,
-        "Reuters-21578 news, table-1 summarization format; reference = headline",
+        "Reuters-21578 news, pipelined-decoding paper summarization prompt; ref = headline",
     ),
     "news-translation": _LocalSet(
         _news_translation, "test", 70,
-        "Reuters-21578 lead sentences, table-1 EN->FR translation format; no reference",
+        "Reuters-21578 leads, pipelined-decoding paper EN->FR translation prompt; no ref",
     ),
     "news-qa": _LocalSet(
-        _news_qa, "test", 70, "Reuters-21578 news, table-1 QA format; no reference"
+        _news_qa, "test", 70, "Reuters-21578 news, pipelined-decoding paper QA prompt; no reference"
     ),
 }  # fmt: skip
 
