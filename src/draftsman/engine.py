@@ -1,0 +1,296 @@
+"""The Python API: load models once, then generate or stream with any strategy.
+
+    engine = draftsman.load("qwen2.5-coder-1.5b-instruct", draft="qwen2.5-coder-0.5b-instruct")
+    result = engine.generate("Write quicksort in Python", method="speculative", gamma=4)
+
+The CLI, the server and the benchmark all go through `Engine.stream`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsman.errors import DraftsmanError, InvalidArgumentError
+from draftsman.models.base import DecoderLM
+from draftsman.models.config import ModelConfig
+from draftsman.models.loader import load_model, parse_dtype
+from draftsman.sampling import SamplingConfig
+from draftsman.stats import Stats
+from draftsman.strategies.base import GenerationConfig, Step, check_fits
+from draftsman.tokenizer import Tokenizer, check_same_vocabulary
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_DRAFTS = {DEFAULT_TARGET: DEFAULT_DRAFT}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    folder: Path
+    model: DecoderLM
+    tokenizer: Tokenizer
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def is_instruct(self) -> bool:
+        return bool(self.tokenizer.chat_template)
+
+
+def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16") -> LoadedModel:
+    """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name."""
+    from draftsman.store.resolve import resolve_model
+
+    folder = resolve_model(str(spec))
+    model = load_model(folder, dtype)
+    tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
+    return LoadedModel(str(spec), Path(folder), model, tokenizer)
+
+
+@dataclass
+class Request:
+    method: str
+    options: dict[str, Any]
+    prompt_ids: list[int]
+    config: GenerationConfig
+    strategy: Any
+    stops: StopMatcher
+
+
+@dataclass
+class Event:
+    """One committed step as the user sees it: tokens after EOS/stop clipping, text delta."""
+
+    step: Step
+    token_ids: list[int]
+    text: str
+    finish: str | None
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    seconds: float
+    method: str
+    finish_reason: str
+    steps: list[Step] = field(repr=False)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def stats(self) -> Stats:
+        return Stats.from_steps(self.steps)
+
+    def as_dict(self) -> dict[str, Any]:
+        from draftsman.theory import expected_speedup
+
+        stats = self.stats
+        out = {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "method": self.method,
+            "options": self.options,
+            "finish_reason": self.finish_reason,
+        }
+        out.update(stats.as_dict())
+        if stats.alpha is not None and stats.mean_gamma and stats.cost_ratio is not None:
+            out["predicted_speedup"] = expected_speedup(stats.alpha, stats.mean_gamma,
+                                                        stats.cost_ratio)
+        return out
+
+
+class StopMatcher:
+    """Finds user stop strings in the decoded text and holds back text that might start one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+
+    def find(self, text: str) -> int | None:
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def safe_length(self, text: str) -> int:
+        """Length of the prefix that cannot become part of a stop string later."""
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        return len(text) - hold
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.target = target
+        self.dtype = dtype
+        self._models: dict[str, LoadedModel] = {target.name: target}
+
+    # ---- models -------------------------------------------------------------------
+    def model(self, spec: str) -> LoadedModel:
+        """Load (once) and return a companion model, checked against the target's vocabulary."""
+        if spec not in self._models:
+            bundle = load_bundle(spec, self.dtype)
+            check_same_vocabulary(self.target.tokenizer, bundle.tokenizer, self.target.name,
+                                  bundle.name)
+            if bundle.config.vocab_size != self.target.config.vocab_size:
+                raise DraftsmanError(
+                    f"{spec} has {bundle.config.vocab_size} logits and {self.target.name} "
+                    f"{self.target.config.vocab_size}; padded vocabularies are not supported"
+                )
+            self._models[spec] = bundle
+        return self._models[spec]
+
+    def default_draft(self) -> str:
+        draft = DEFAULT_DRAFTS.get(self.target.name)
+        if draft is None:
+            raise InvalidArgumentError(f"no default draft for {self.target.name}; pass --draft")
+        return draft
+
+    # ---- prompts ------------------------------------------------------------------
+    def encode_prompt(
+        self, prompt: str | list[int] | list[dict[str, str]], chat: bool | None = None
+    ) -> list[int]:
+        tok = self.target.tokenizer
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        elif isinstance(prompt, list):
+            ids = tok.encode_chat(prompt)
+        else:
+            if not prompt.strip():
+                raise InvalidArgumentError("the prompt is empty")
+            use_chat = self.target.is_instruct if chat is None else chat
+            ids = tok.encode_chat([{"role": "user", "content": prompt}]) if use_chat \
+                else tok.encode(prompt)
+        if not ids:
+            raise InvalidArgumentError("the prompt is empty")
+        return ids
+
+    # ---- generation ---------------------------------------------------------------
+    def strategy(self, method: str, options: dict[str, Any]):
+        from draftsman.strategies.registry import make_strategy
+
+        return make_strategy(method, self, dict(options))
+
+    def prepare(
+        self,
+        prompt: str | list[int] | list[dict[str, str]],
+        *,
+        method: str = "autoregressive",
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: tuple[str, ...] | list[str] = (),
+        chat: bool | None = None,
+        **options: Any,
+    ) -> Request:
+        """Validate everything and load what the method needs, before any timed work."""
+        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        config = GenerationConfig(max_new_tokens, sampling, self.target.tokenizer.eos_token_ids)
+        strategy = self.strategy(method, options)
+        prompt_ids = self.encode_prompt(prompt, chat)
+        check_fits(self.target.model, len(prompt_ids), config)
+        return Request(method, options, prompt_ids, config, strategy, StopMatcher(tuple(stop)))
+
+    def run(self, request: Request) -> Iterator[Event]:
+        return self._events(request.strategy.generate(request.prompt_ids, request.config),
+                            request.stops)
+
+    def stream(self, prompt, **kwargs: Any) -> Iterator[Event]:
+        return self.run(self.prepare(prompt, **kwargs))
+
+    def _events(self, steps: Iterator[Step], stops: StopMatcher) -> Iterator[Event]:
+        tok = self.target.tokenizer
+        ids: list[int] = []
+        sent = 0  # characters of text already emitted
+        try:
+            for step in steps:
+                ids.extend(step.tokens)
+                text = tok.decode(ids)
+                finish = step.finish
+                kept = list(step.tokens)
+                cut = stops.find(text)
+                if cut is not None:
+                    # keep the fewest tokens whose text reaches the stop string
+                    n = len(ids) - len(step.tokens)
+                    while n < len(ids) and stops.find(tok.decode(ids[: n + 1])) is None:
+                        n += 1
+                    kept = step.tokens[: n + 1 - (len(ids) - len(step.tokens))]
+                    ids = ids[: n + 1]
+                    text, finish = text[:cut], "stop"
+                    safe = len(text)
+                elif finish is not None:
+                    safe = len(text)
+                else:
+                    safe = stops.safe_length(text.rstrip("\ufffd"))
+                delta, sent = text[sent:safe], max(sent, safe)
+                yield Event(step, kept, delta, finish)
+                if finish is not None:
+                    return
+        finally:
+            close = getattr(steps, "close", None)
+            if close:
+                close()
+
+    def generate(self, prompt, **kwargs: Any) -> Result:
+        request = self.prepare(prompt, **kwargs)
+        t_start = time.perf_counter()  # from the tokenised prompt: prefill in, loading out
+        events = list(self.run(request))
+        seconds = time.perf_counter() - t_start
+        return Result(
+            text="".join(e.text for e in events),
+            token_ids=[t for e in events for t in e.token_ids],
+            prompt_tokens=len(request.prompt_ids),
+            seconds=seconds,
+            method=request.method,
+            finish_reason=(events[-1].finish or "length") if events else "length",
+            steps=[e.step for e in events],
+            options=request.options,
+        )
+
+
+def load(
+    target: str | Path = DEFAULT_TARGET,
+    *,
+    draft: str | None = None,
+    dtype: str = "bf16",
+    threads: int | None = None,
+) -> Engine:
+    if threads is not None:
+        if threads < 1:
+            raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    torch_dtype = parse_dtype(dtype)
+    engine = Engine(load_bundle(target, torch_dtype), torch_dtype)
+    if draft is not None:
+        engine.model(draft)
+    return engine
+
+
+def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = None,
+             dtype: str = "bf16", **kwargs: Any) -> Result:
+    return load(target, draft=draft, dtype=dtype).generate(prompt, **kwargs)

@@ -1,0 +1,44 @@
+"""Who guesses: the proposer interface shared by every drafter."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsman.sampling import Sampler
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    q: torch.Tensor | None  # [len(tokens), V] draft probabilities; None: deterministic guesses
+    forwards: int = 0  # draft model forwards spent
+    extra: dict = field(default_factory=dict)  # e.g. inner-stage acceptance for cascades
+
+
+class Proposer(ABC):
+    """Guesses the next tokens after `committed` (prompt + generated so far).
+
+    `start` is called once per request, `propose` once per step, `commit` after the target
+    decided (so a model-based proposer can roll its cache back). Deterministic proposers
+    (n-gram, prompt lookup) return q = None: their guess is a point mass.
+    """
+
+    name: str = "proposer"
+    uses_model: bool = False
+
+    def start(self, prompt_ids: list[int], capacity: int) -> None:
+        """Prepare for a request whose sequence will not exceed `capacity` tokens."""
+        return None
+
+    @abstractmethod
+    def propose(self, committed: list[int], gamma: int, sampler: Sampler,
+                stop_below: float | None = None) -> Proposal:
+        """Up to `gamma` guesses; fewer if the proposer has nothing (or, with `stop_below`,
+        as soon as its own confidence in the next guess drops below that probability)."""
+
+    def commit(self, committed: list[int]) -> None:
+        """The target has decided; `committed` is the whole accepted sequence."""
+        return None

@@ -1,0 +1,51 @@
+"""A smaller model of the same vocabulary drafts autoregressively."""
+
+from __future__ import annotations
+
+import torch
+
+from draftsman.models.base import LAST, DecoderLM
+from draftsman.proposers.base import Proposal, Proposer
+from draftsman.sampling import Sampler
+from draftsman.state import ModelState
+
+
+class DraftModelProposer(Proposer):
+    name = "draft-model"
+    uses_model = True
+
+    def __init__(self, model: DecoderLM) -> None:
+        self.model = model
+        self.state: ModelState | None = None
+
+    def start(self, prompt_ids: list[int], capacity: int) -> None:
+        self.state = ModelState(self.model, capacity)
+
+    def propose(self, committed: list[int], gamma: int, sampler: Sampler,
+                stop_below: float | None = None) -> Proposal:
+        state = self.state
+        pending = state.sync(committed)  # >= 1 token: the target's last choice is never fed
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        forwards = 0
+        for _ in range(gamma):
+            logits = state.feed(pending, logits_at=LAST).logits[0, -1]
+            forwards += 1
+            if sampler.greedy:
+                token = int(logits.argmax())
+                confidence = 1.0 if stop_below is None else float(
+                    logits.float().softmax(-1)[token])
+            else:
+                q = sampler.probs(logits)
+                token = sampler.draw(q)
+                rows.append(q)
+                confidence = float(q[token])
+            tokens.append(token)
+            pending = [token]
+            if stop_below is not None and confidence < stop_below:
+                break  # the draft is unsure: verify now instead of drafting further
+        q_all = torch.stack(rows) if rows else None
+        return Proposal(tokens, q_all, forwards)
+
+    def commit(self, committed: list[int]) -> None:
+        self.state.sync(committed)

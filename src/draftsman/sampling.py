@@ -1,0 +1,89 @@
+"""Logits -> probability distributions, and seeded draws.
+
+Every sampling setting is standardised into a probability distribution (Leviathan et al.,
+section 2): greedy is the one-hot distribution on the argmax, temperature scales logits,
+top-k and top-p zero out the tail and renormalise. Verification rules therefore only ever
+see distributions, and apply to every setting alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from draftsman.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means no top-k cut
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)):
+            raise InvalidArgumentError(f"temperature must be a number, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidArgumentError(f"top-k must be an integer >= 0, got {self.top_k!r}")
+        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
+            raise InvalidArgumentError(f"top-p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """logits [..., V] -> float32 probabilities [..., V] under `config`."""
+    logits = logits.float()
+    if config.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / config.temperature
+    if config.top_k and config.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if config.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # drop a token when the tokens ranked above it already reach top_p (the first stays)
+        above = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = above >= config.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+class Sampler:
+    """A sampling config with its own seeded generator: the same seed gives the same draws."""
+
+    def __init__(self, config: SamplingConfig) -> None:
+        self.config = config
+        self.generator = torch.Generator()
+        self.generator.manual_seed(config.seed if config.seed is not None else 0)
+        if config.seed is None:
+            self.generator.seed()
+
+    @property
+    def greedy(self) -> bool:
+        return self.config.greedy
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return probabilities(logits, self.config)
+
+    def draw(self, probs: torch.Tensor) -> int:
+        """One token from probs [V]."""
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def uniform(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.generator)
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """One token from logits [V]: argmax when greedy, else a draw."""
+        if self.greedy:
+            return int(logits.argmax())
+        return self.draw(self.probs(logits))

@@ -1,0 +1,138 @@
+"""Draft-length (γ) policies for speculative decoding.
+
+- fixed:      the same γ every step.
+- heuristic:  +2 after a fully accepted step, -1 otherwise.
+- acceptance: an exponential average of the per-step acceptance rate; grow γ while it is
+              high, shrink it while it is low (the course project's dynamic lookahead).
+- cost:       running estimates of α (maximum likelihood over recent steps) and of the cost
+              ratio c from measured timings; γ = argmax (1 - α^(γ+1)) / ((1 - α)(γc + v(γ)))
+              where v(γ) is the measured verify cost of γ+1 tokens relative to one; drafting
+              also stops early when the draft's own probability for its guess drops below a
+              threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftsman.errors import InvalidArgumentError
+from draftsman.theory import expected_tokens_per_step
+
+
+@dataclass
+class Feedback:
+    drafted: int
+    accepted: int
+    rejected: bool
+    draft_seconds: float
+    draft_forwards: int
+    verify_seconds: float
+
+
+class GammaPolicy:
+    name = "fixed"
+    stop_below: float | None = None
+
+    def __init__(self, gamma: int = 4, max_gamma: int = 16) -> None:
+        self.gamma = gamma
+        self.max_gamma = max_gamma
+
+    def next_gamma(self) -> int:
+        return self.gamma
+
+    def update(self, fb: Feedback) -> None:
+        pass
+
+
+class HeuristicGamma(GammaPolicy):
+    name = "heuristic"
+
+    def update(self, fb: Feedback) -> None:
+        if fb.drafted and fb.accepted == fb.drafted:
+            self.gamma = min(self.gamma + 2, self.max_gamma)
+        else:
+            self.gamma = max(self.gamma - 1, 1)
+
+
+class AcceptanceGamma(GammaPolicy):
+    name = "acceptance"
+
+    def __init__(self, gamma: int = 4, max_gamma: int = 16, high: float = 0.8,
+                 low: float = 0.5, smoothing: float = 0.5) -> None:
+        super().__init__(gamma, max_gamma)
+        self.high, self.low, self.smoothing = high, low, smoothing
+        self.rate: float | None = None
+
+    def update(self, fb: Feedback) -> None:
+        if not fb.drafted:
+            return
+        step_rate = fb.accepted / fb.drafted
+        self.rate = step_rate if self.rate is None else (
+            self.smoothing * self.rate + (1 - self.smoothing) * step_rate)
+        if self.rate >= self.high:
+            self.gamma = min(self.gamma + 1, self.max_gamma)
+        elif self.rate < self.low:
+            self.gamma = max(self.gamma - 1, 1)
+
+
+class CostModelGamma(GammaPolicy):
+    """Picks γ from the analytic speedup with running α and c; may choose γ = 0."""
+
+    name = "cost"
+
+    def __init__(self, gamma: int = 4, max_gamma: int = 12, stop_below: float | None = 0.3,
+                 memory: float = 0.9, prior_alpha: float = 0.7, prior_cost: float = 0.3,
+                 verify_cost: dict[int, float] | None = None) -> None:
+        super().__init__(gamma, max_gamma)
+        self.stop_below = stop_below
+        self.memory = memory
+        # discounted counts (a prior worth a few steps) for the α maximum-likelihood estimate
+        self.accepts, self.trials = prior_alpha * 4, 4.0
+        self.cost = prior_cost
+        self.verify_cost = verify_cost or {}  # tokens verified -> cost relative to 1 token
+        self.idle = 0  # steps without drafting; after a few, probe with γ = 1 to refresh α
+
+    @property
+    def alpha(self) -> float:
+        return min(self.accepts / self.trials, 0.99)
+
+    def update(self, fb: Feedback) -> None:
+        verify = self.verify_cost
+        if fb.drafted:
+            m = self.memory
+            self.accepts = m * self.accepts + fb.accepted
+            self.trials = m * self.trials + fb.accepted + (1 if fb.rejected else 0)
+            if fb.draft_forwards and fb.verify_seconds > 0:
+                one_token = fb.verify_seconds / verify.get(fb.drafted + 1, 1.0)
+                c = (fb.draft_seconds / fb.draft_forwards) / one_token
+                self.cost = m * self.cost + (1 - m) * c
+            self.idle = 0
+        self.gamma = max(range(0, self.max_gamma + 1), key=lambda g: expected_tokens_per_step(
+            self.alpha, g) / (g * self.cost + verify.get(g + 1, 1.0)))
+        if self.gamma == 0:
+            self.idle += 1
+            if self.idle >= 8:
+                self.gamma, self.idle = 1, 0
+
+
+POLICIES = {p.name: p for p in (GammaPolicy, HeuristicGamma, AcceptanceGamma, CostModelGamma)}
+
+
+def make_policy(gamma: int | str, policy: str | None, max_gamma: int = 16) -> GammaPolicy:
+    """gamma: an integer (fixed unless a policy is named) or 'auto' (policy default 'cost')."""
+    if gamma == "auto":
+        name = policy or "cost"
+        start = 4
+    else:
+        try:
+            start = int(gamma)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"gamma must be an integer or 'auto', got {gamma!r}") \
+                from None
+        if start < 1:
+            raise InvalidArgumentError(f"gamma must be >= 1, got {start}")
+        name = policy or "fixed"
+    if name not in POLICIES:
+        raise InvalidArgumentError(
+            f"unknown gamma policy {name!r}; choose from {', '.join(sorted(POLICIES))}")
+    return POLICIES[name](gamma=start, max_gamma=max_gamma)

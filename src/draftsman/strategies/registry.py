@@ -1,0 +1,90 @@
+"""Method name + options -> a ready Strategy, with clear errors for bad options."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from draftsman.errors import InvalidArgumentError
+from draftsman.proposers.base import Proposer
+from draftsman.proposers.draft_model import DraftModelProposer
+from draftsman.proposers.ngram import NGramProposer
+from draftsman.proposers.prompt_lookup import PromptLookupProposer
+from draftsman.proposers.staged import StagedProposer
+from draftsman.strategies.autoregressive import Autoregressive
+from draftsman.strategies.base import Strategy
+from draftsman.strategies.gamma import make_policy
+from draftsman.strategies.speculative import Speculative
+
+if TYPE_CHECKING:
+    from draftsman.engine import Engine
+
+DETERMINISTIC_DRAFTERS = ("ngram", "prompt-lookup")
+
+
+def make_proposer(spec: str, engine: Engine) -> Proposer:
+    if spec == "ngram":
+        return NGramProposer()
+    if spec == "prompt-lookup":
+        return PromptLookupProposer()
+    return DraftModelProposer(engine.model(spec).model)
+
+
+def _take(options: dict[str, Any], method: str, allowed: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(options) - set(allowed)
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown option(s) {', '.join(sorted(unknown))} for {method}; "
+            f"valid: {', '.join(sorted(allowed)) or 'none'}")
+    return {k: options.get(k, v) for k, v in allowed.items()}
+
+
+def _int(value: Any, name: str, minimum: int = 1) -> int:
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}") from None
+    if out < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {out}")
+    return out
+
+
+def build_autoregressive(engine: Engine, options: dict[str, Any]) -> Strategy:
+    _take(options, "autoregressive", {})
+    return Autoregressive(engine.target.model)
+
+
+def build_speculative(engine: Engine, options: dict[str, Any]) -> Strategy:
+    o = _take(options, "speculative", {"draft": None, "drafter": None, "gamma": 4,
+                                        "gamma_policy": None, "max_gamma": 12})
+    spec = o["draft"] or o["drafter"] or engine.default_draft()
+    policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
+    policy.max_gamma = max(policy.max_gamma, policy.gamma)
+    return Speculative(engine.target.model, make_proposer(str(spec), engine), policy)
+
+
+def build_staged(engine: Engine, options: dict[str, Any]) -> Strategy:
+    o = _take(options, "staged", {"draft": None, "subdraft": "ngram", "gamma": 4,
+                                   "subgamma": 4, "gamma_policy": None, "max_gamma": 12})
+    draft = o["draft"] or engine.default_draft()
+    if draft in DETERMINISTIC_DRAFTERS:
+        raise InvalidArgumentError("staged needs a draft model in the middle (--draft MODEL)")
+    sub = make_proposer(str(o["subdraft"]), engine)
+    middle = StagedProposer(engine.model(draft).model, sub, _int(o["subgamma"], "subgamma"))
+    policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
+    policy.max_gamma = max(policy.max_gamma, policy.gamma)
+    return Speculative(engine.target.model, middle, policy)
+
+
+BUILDERS = {
+    "autoregressive": build_autoregressive,
+    "speculative": build_speculative,
+    "staged": build_staged,
+}
+
+
+def make_strategy(method: str, engine: Engine, options: dict[str, Any]) -> Strategy:
+    builder = BUILDERS.get(method)
+    if builder is None:
+        raise InvalidArgumentError(
+            f"unknown method {method!r}; choose from {', '.join(sorted(BUILDERS))}")
+    return builder(engine, options)

@@ -1,0 +1,98 @@
+"""Speculative decoding (Leviathan, Kalman, Matias 2023): propose γ, verify in one forward.
+
+Each step: the proposer guesses up to γ tokens after the committed text; the target runs
+once over [last committed token, guesses] and speculative sampling (verify.py) keeps a prefix
+of the guesses plus one target token. Exact: greedy output equals autoregressive decoding,
+sampled output has the target's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from draftsman.models.base import LAST, DecoderLM
+from draftsman.proposers.base import Proposal, Proposer
+from draftsman.sampling import Sampler
+from draftsman.state import ModelState
+from draftsman.strategies.base import (
+    Budget,
+    GenerationConfig,
+    Step,
+    Strategy,
+    Timer,
+    check_fits,
+)
+from draftsman.strategies.gamma import Feedback, GammaPolicy
+from draftsman.verify import Verdict, verify_greedy, verify_sampling
+
+
+def verify_step(state: ModelState, committed: list[int], proposal: Proposal,
+                sampler: Sampler) -> Verdict:
+    """One target forward over the pending token(s) and the guesses; decide what to keep."""
+    pending = state.sync(committed)  # the last committed token, not yet in the cache
+    drafts = proposal.tokens
+    logits = state.feed(pending + drafts, logits_at=slice(len(pending) - 1, None)).logits[0]
+    if sampler.greedy:  # [γ+1, V] -> the target's choice after each prefix
+        return verify_greedy(drafts, logits.argmax(-1).tolist())
+    return verify_sampling(drafts, proposal.q, sampler.probs(logits), sampler)
+
+
+class Speculative(Strategy):
+    name = "speculative"
+    exactness = "exact"
+
+    def __init__(self, target: DecoderLM, proposer: Proposer, policy: GammaPolicy,
+                 sources: tuple[str, str] = ("draft", "target")) -> None:
+        self.target = target
+        self.proposer = proposer
+        self.policy = policy
+        self.sources = sources
+
+    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
+        check_fits(self.target, len(prompt_ids), config)
+        capacity = len(prompt_ids) + config.max_new_tokens + self.policy.max_gamma + 2
+        target = ModelState(self.target, capacity)
+        sampler = Sampler(config.sampling)
+        budget = Budget(config)
+        timer = Timer()
+        policy = self.policy
+        with timer("verify"):
+            logits = target.feed(prompt_ids, logits_at=LAST).logits[0, -1]
+            first = budget.clip([sampler.pick(logits)])
+        committed = prompt_ids + first
+        yield Step(first, ["target"], target_forwards=1, prefill=True,
+                   verify_seconds=timer.take()["verify"], finish=budget.finish)
+        with timer("draft"):
+            self.proposer.start(prompt_ids, capacity)
+        while not budget.done:
+            gamma = min(policy.next_gamma(), budget.remaining - 1)
+            with timer("draft"):
+                proposal = (self.proposer.propose(committed, gamma, sampler, policy.stop_below)
+                            if gamma > 0 else Proposal([], None))
+            with timer("verify"):
+                verdict = verify_step(target, committed, proposal, sampler)
+            new = budget.clip(proposal.tokens[: verdict.accepted] + [verdict.next_token])
+            committed += new
+            with timer("other"):
+                target.sync(committed)
+                self.proposer.commit(committed)
+            seconds = timer.take()
+            drafted = len(proposal.tokens)
+            policy.update(Feedback(drafted, verdict.accepted, verdict.rejected,
+                                   seconds.get("draft", 0.0), proposal.forwards,
+                                   seconds["verify"]))
+            kept_drafts = min(verdict.accepted, len(new))
+            yield Step(
+                new,
+                [self.sources[0]] * kept_drafts + [self.sources[1]] * (len(new) - kept_drafts),
+                drafted=drafted,
+                accepted=verdict.accepted,
+                rejected=verdict.rejected,
+                target_forwards=1,
+                draft_forwards=proposal.forwards,
+                draft_seconds=seconds.get("draft", 0.0),
+                verify_seconds=seconds["verify"],
+                other_seconds=seconds.get("other", 0.0),
+                finish=budget.finish,
+                extra={"gamma": gamma, **proposal.extra},
+            )

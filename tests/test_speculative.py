@@ -1,0 +1,227 @@
+"""Exactness of the speculative family on tiny random models (fp32).
+
+Greedy: identical tokens to autoregressive decoding for every drafter, γ, policy and the
+staged cascade. Sampling: the joint distribution of the first tokens matches the target's
+exact distribution (chi-square), and the same test rejects a deliberately broken rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+from draftsman.proposers.draft_model import DraftModelProposer
+from draftsman.proposers.ngram import NGramProposer
+from draftsman.proposers.prompt_lookup import PromptLookupProposer
+from draftsman.proposers.staged import StagedProposer
+from draftsman.sampling import SamplingConfig, probabilities
+from draftsman.strategies import speculative as speculative_module
+from draftsman.strategies.autoregressive import Autoregressive
+from draftsman.strategies.base import GenerationConfig
+from draftsman.strategies.gamma import make_policy
+from draftsman.strategies.speculative import Speculative
+from draftsman.verify import Verdict
+from tiny import ours_from_hf, hf_model
+
+
+def perturbed_copy(model, scale: float, seed: int):
+    """A draft that agrees with the target often but not always."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(scale * p.abs().mean() * torch.randn(p.shape, generator=g))
+    return draft
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = ours_from_hf(hf_model("llama", seed=0))
+    with torch.no_grad():  # peakier distributions, so greedy choices have clear margins
+        target.lm_head.weight.mul_(8)
+    return {
+        "target": target,
+        "close": perturbed_copy(target, 0.3, 1),
+        "far": perturbed_copy(target, 1.5, 2),
+        "tiny": perturbed_copy(target, 0.8, 3),
+    }
+
+
+def run(strategy, prompt, max_new=40, eos=frozenset(), sampling=SamplingConfig()):
+    config = GenerationConfig(max_new, sampling, eos)
+    steps = list(strategy.generate(prompt, config))
+    return [t for s in steps for t in s.tokens], steps
+
+
+def prompts(n=6):
+    g = torch.Generator().manual_seed(7)
+    # repetitive prompts give the n-gram and lookup drafters something to find
+    out = []
+    for i in range(n):
+        base = torch.randint(0, 97, (5 + i,), generator=g).tolist()
+        out.append(base * 3 + base[:2])
+    return out
+
+
+def speculative(models, proposer, gamma=4, policy=None):
+    return Speculative(models["target"], proposer, make_policy(gamma, policy))
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("drafter", ["close", "far", "ngram", "prompt-lookup"])
+def test_greedy_identical_to_autoregressive(models, gamma, drafter):
+    reference = Autoregressive(models["target"])
+    proposer = {"ngram": NGramProposer(), "prompt-lookup": PromptLookupProposer()}.get(
+        drafter) or DraftModelProposer(models[drafter])
+    spec = speculative(models, proposer, gamma)
+    for prompt in prompts():
+        expected, _ = run(reference, prompt)
+        got, steps = run(spec, prompt)
+        assert got == expected
+        assert sum(s.target_forwards for s in steps) <= len(expected)
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "acceptance", "cost"])
+def test_adaptive_gamma_identical(models, policy):
+    reference = Autoregressive(models["target"])
+    spec = speculative(models, DraftModelProposer(models["close"]), "auto", policy)
+    gammas = set()
+    for prompt in prompts():
+        expected, _ = run(reference, prompt)
+        got, steps = run(spec, prompt)
+        assert got == expected
+        gammas |= {s.extra["gamma"] for s in steps if not s.prefill}
+    assert len(gammas) > 1, "an adaptive policy should change γ"
+
+
+@pytest.mark.parametrize("sub", ["ngram", "tiny"])
+def test_staged_identical(models, sub):
+    reference = Autoregressive(models["target"])
+    sub_proposer = NGramProposer() if sub == "ngram" else DraftModelProposer(models["tiny"])
+    for gamma, sub_gamma in [(2, 2), (4, 3), (6, 1)]:
+        staged = Speculative(models["target"],
+                             StagedProposer(models["close"], sub_proposer, sub_gamma),
+                             make_policy(gamma, None))
+        for prompt in prompts(4):
+            expected, _ = run(reference, prompt)
+            got, steps = run(staged, prompt)
+            assert got == expected
+            assert sum(s.extra.get("sub_drafted", 0) for s in steps) > 0
+
+
+def test_draft_equal_to_target_accepts_everything(models):
+    spec = speculative(models, DraftModelProposer(models["target"]), 5)
+    expected, _ = run(Autoregressive(models["target"]), prompts()[0])
+    got, steps = run(spec, prompts()[0])
+    assert got == expected
+    decode = [s for s in steps if not s.prefill]
+    assert all(s.accepted == s.drafted for s in decode)
+    assert sum(s.target_forwards for s in steps) <= 1 + -(-len(expected) // 6) + 1
+
+
+def test_eos_inside_a_draft_ends_at_the_right_token(models):
+    prompt = prompts()[1]
+    free, _ = run(Autoregressive(models["target"]), prompt, max_new=40)
+    eos_token = free[17]
+    cut = free.index(eos_token) + 1
+    spec = speculative(models, DraftModelProposer(models["target"]), 6)
+    got, steps = run(spec, prompt, max_new=40, eos=frozenset({eos_token}))
+    assert got == free[:cut]
+    assert steps[-1].finish == "eos"
+
+
+def test_max_new_tokens_respected_inside_accepted_run(models):
+    spec = speculative(models, DraftModelProposer(models["target"]), 8)
+    for n in (1, 2, 5, 9):
+        got, steps = run(spec, prompts()[2], max_new=n)
+        assert len(got) == n and steps[-1].finish == "length"
+
+
+# ---- sampling: distribution tests ---------------------------------------------------
+
+VOCAB = 5
+DRAWS = 3000
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    target = ours_from_hf(hf_model("llama", seed=11, vocab_size=VOCAB))
+    with torch.no_grad():
+        target.lm_head.weight.mul_(60)
+    draft = perturbed_copy(target, 1.0, 12)
+    return target, draft
+
+
+def exact_joint(model, prompt, n, sampling):
+    """P(x_1..x_n | prompt) for every token tuple, by enumeration."""
+    probs = {}
+    for seq in itertools.product(range(VOCAB), repeat=n):
+        p = 1.0
+        ctx = list(prompt)
+        for tok in seq:
+            cache = model.new_cache(len(ctx) + 1)
+            logits = model(torch.tensor([ctx]), torch.arange(len(ctx))[None], cache).logits
+            p *= float(probabilities(logits[0, -1], sampling)[tok])
+            ctx.append(tok)
+        probs[seq] = p
+    return probs
+
+
+def chi_square_pvalue(counts: dict, expected_p: dict, draws: int) -> float:
+    # pool rare cells so every expected count is >= 5
+    stat, dof, pool_obs, pool_exp = 0.0, -1, 0, 0.0
+    for cell, p in expected_p.items():
+        e, o = p * draws, counts.get(cell, 0)
+        if e < 5:
+            pool_obs, pool_exp = pool_obs + o, pool_exp + e
+            continue
+        stat += (o - e) ** 2 / e
+        dof += 1
+    if pool_exp > 0:
+        stat += (pool_obs - pool_exp) ** 2 / pool_exp
+        dof += 1
+    return float(chi2.sf(stat, dof))
+
+
+def sampled_counts(strategy, prompt, n, sampling_kwargs, draws=DRAWS):
+    counts: dict = {}
+    for seed in range(draws):
+        toks, _ = run(strategy, prompt, max_new=n, sampling=SamplingConfig(seed=seed,
+                                                                            **sampling_kwargs))
+        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
+    return counts
+
+
+SAMPLINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=3, top_p=0.9)]
+
+
+@pytest.mark.parametrize("sampling_kwargs", SAMPLINGS)
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_sampling_distribution_is_the_targets(small_vocab, sampling_kwargs, drafter):
+    target, draft = small_vocab
+    prompt = [1, 3, 2, 1, 3]
+    proposer = DraftModelProposer(draft) if drafter == "model" else NGramProposer(order=2)
+    spec = Speculative(target, proposer, make_policy(3, None))
+    expected = exact_joint(target, prompt, 3, SamplingConfig(**sampling_kwargs))
+    counts = sampled_counts(spec, prompt, 3, sampling_kwargs)
+    assert chi_square_pvalue(counts, expected, DRAWS) > 1e-3
+
+
+def test_broken_acceptance_rule_is_detected(small_vocab, monkeypatch):
+    """Accepting every draft makes the output follow the draft: the same test must fail."""
+    target, draft = small_vocab
+
+    def accept_all(drafts, q, p, sampler):
+        return Verdict(len(drafts), sampler.draw(p[len(drafts)]), False)
+
+    monkeypatch.setattr(speculative_module, "verify_sampling", accept_all)
+    prompt = [1, 3, 2, 1, 3]
+    spec = Speculative(target, DraftModelProposer(draft), make_policy(3, None))
+    expected = exact_joint(target, prompt, 3, SamplingConfig(temperature=1.0))
+    counts = sampled_counts(spec, prompt, 3, dict(temperature=1.0))
+    assert chi_square_pvalue(counts, expected, DRAWS) < 1e-6
