@@ -35,10 +35,6 @@ from draftsman.store.dequant import (
 )
 from draftsman.store.tokenizer import save_gguf_tokenizer
 
-# Bump when the output of the converter changes: folders converted by another version are
-# then stale and a pull converts again (the GGUF is kept, so no download).
-CONVERTER_VERSION = "1"
-
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,

@@ -1,0 +1,141 @@
+"""`draftsman models ...`: list, pull, verify, path, rm and convert model weights.
+
+Messages go to stderr; stdout carries only results (`path` prints just the path), so
+`$(draftsman models path NAME)` works in scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from draftsman.errors import InvalidArgumentError
+
+_DTYPE_CHOICES = ("bfloat16", "float16", "float32")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "models",
+        help="manage model weights (catalogue, pull, verify, convert)",
+        description="Manage the model store ($DRAFTSMAN_HOME, default ~/.cache/draftsman).",
+    )
+    verbs = parser.add_subparsers(dest="models_command", metavar="VERB")
+    parser.set_defaults(func=lambda args: _help(parser))
+
+    p = verbs.add_parser("list", help="catalogue models, their size and whether pulled")
+    p.set_defaults(func=cmd_list)
+
+    p = verbs.add_parser("pull", help="download, verify and convert catalogue models")
+    p.add_argument("names", nargs="+", metavar="NAME", help="catalogue name(s), or 'all'")
+    p.add_argument("--dtype", choices=_DTYPE_CHOICES, default=None,
+                   help="dtype of the converted weights (default: bfloat16, or as installed)")
+    p.add_argument("--force", action="store_true", help="convert again even if pulled")
+    p.set_defaults(func=cmd_pull)
+
+    p = verbs.add_parser("verify", help="re-hash a pulled model (GGUF and converted folder)")
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=cmd_verify)
+
+    p = verbs.add_parser("path", help="print the converted folder of a model")
+    p.add_argument("name", metavar="SPEC",
+                   help="catalogue name, model folder, .gguf file or hf:owner/name")
+    p.add_argument("--gguf", action="store_true", help="print the GGUF file instead")
+    p.set_defaults(func=cmd_path)
+
+    p = verbs.add_parser("rm", help="delete a pulled model (GGUF and converted folder)")
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=cmd_rm)
+
+    p = verbs.add_parser("convert", help="convert any GGUF file into a Hugging Face folder")
+    p.add_argument("gguf", type=Path, metavar="FILE.gguf")
+    p.add_argument("out", type=Path, metavar="OUT_DIR", help="must not exist yet")
+    p.add_argument("--dtype", choices=_DTYPE_CHOICES, default="bfloat16")
+    p.set_defaults(func=cmd_convert)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from draftsman.store.catalogue import CATALOGUE
+    from draftsman.store.home import draftsman_home
+    from draftsman.store.status import model_status
+
+    rows = [("NAME", "SIZE", "ROLE", "STATUS", "DESCRIPTION")]
+    for entry in CATALOGUE.values():
+        status = model_status(entry.name)
+        rows.append((entry.name, f"{entry.size / 1e9:.2f} GB", entry.role, status.describe(),
+                     entry.description))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+              + "  " + row[4])
+    print(f"\nstore: {draftsman_home()}", file=sys.stderr)
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from draftsman.store.catalogue import CATALOGUE, get_entry
+    from draftsman.store.pull import pull_model
+
+    names = list(CATALOGUE) if args.names == ["all"] else args.names
+    for name in names:
+        get_entry(name)  # fail on a typo before downloading anything
+    for name in names:
+        result = pull_model(name, dtype=args.dtype, force=args.force)
+        if not result.did_nothing:
+            steps = ", ".join(f"{step} {secs:.1f} s" for step, secs in result.seconds.items())
+            print(f"{name}: pulled ({steps}) -> {result.folder}", file=sys.stderr)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from draftsman.store.status import verify_model
+
+    problems = verify_model(args.name, progress=True)
+    if problems:
+        for line in problems:
+            print(f"CORRUPTED {line}")
+        print(f"{args.name}: verification failed; run: draftsman models pull {args.name} "
+              "--force (or rm, then pull)", file=sys.stderr)
+        return 1
+    print(f"{args.name}: OK")
+    return 0
+
+
+def cmd_path(args: argparse.Namespace) -> int:
+    from draftsman.store.resolve import resolve_gguf, resolve_model
+
+    path = resolve_gguf(args.name, pull=False) if args.gguf else resolve_model(args.name,
+                                                                                 pull=False)
+    print(path)
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from draftsman.store.pull import remove_model
+
+    if remove_model(args.name):
+        print(f"removed {args.name}", file=sys.stderr)
+    else:
+        print(f"{args.name} was not pulled; nothing to remove", file=sys.stderr)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from draftsman.store.integrity import sha256_file
+    from draftsman.store.pull import install_converted
+
+    if not args.gguf.is_file():
+        raise InvalidArgumentError(f"{args.gguf}: no such file")
+    if args.out.exists():
+        raise InvalidArgumentError(f"{args.out}: already exists; choose a new folder")
+    sha = sha256_file(args.gguf, progress=True)
+    install_converted(args.gguf.resolve(), args.out.resolve(), source_sha256=sha,
+                      dtype=args.dtype, extra={"gguf": str(args.gguf.resolve())})
+    print(args.out.resolve())
+    return 0
