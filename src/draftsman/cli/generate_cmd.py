@@ -1,0 +1,119 @@
+"""`draftsman generate`: one prompt, any method, text or JSON out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from draftsman.engine import DEFAULT_TARGET
+from draftsman.errors import InvalidArgumentError
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help="catalogue name, model folder, .gguf file or hf:owner/name "
+                             f"(default: {DEFAULT_TARGET})")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
+                        help="weight and activation dtype (default: bf16)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for PyTorch (default: all cores)")
+
+
+def add_method_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", default="autoregressive",
+                        help="autoregressive | speculative | staged (default: autoregressive)")
+    parser.add_argument("--draft", default=None,
+                        help="draft model (name/path), or ngram / prompt-lookup "
+                             "(speculative); middle model (staged)")
+    parser.add_argument("--subdraft", default=None,
+                        help="staged: the lowest drafter (model, ngram or prompt-lookup)")
+    parser.add_argument("--gamma", default=None,
+                        help="tokens drafted per step, or 'auto' for an adaptive policy")
+    parser.add_argument("--gamma-policy", default=None,
+                        choices=["fixed", "heuristic", "acceptance", "cost"],
+                        help="adaptive policy with --gamma auto (default: cost)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra method option, repeatable (e.g. --option subgamma=2)")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+
+
+def method_options(args: argparse.Namespace) -> dict:
+    options: dict = {}
+    if args.draft is not None:
+        options["draft"] = args.draft
+    if args.subdraft is not None:
+        options["subdraft"] = args.subdraft
+    if args.gamma is not None:
+        options["gamma"] = args.gamma
+    if args.gamma_policy is not None:
+        options["gamma_policy"] = args.gamma_policy
+    for item in args.option:
+        if "=" not in item:
+            raise InvalidArgumentError(f"--option wants KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        options[key.strip().replace("-", "_")] = value.strip()
+    return options
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "generate", help="generate text for one prompt",
+        description="Generate a continuation of PROMPT (or stdin) with the chosen method. "
+                    "Exact methods produce the same text as autoregressive decoding.")
+    p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
+    add_model_args(p)
+    add_method_args(p)
+    add_sampling_args(p)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="apply the chat template (default for instruct models)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false",
+                      help="feed the prompt as raw text")
+    p.add_argument("--stream", action="store_true", help="print text as it is generated")
+    p.add_argument("--json", action="store_true", help="print one JSON object with stats")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import draftsman
+
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt or not prompt.strip():
+        raise InvalidArgumentError("the prompt is empty")
+    kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens,
+                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                  seed=args.seed, stop=args.stop, chat=args.chat, **method_options(args))
+    engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads)
+    if args.stream and not args.json:
+        request = engine.prepare(prompt, **kwargs)
+        t0 = time.perf_counter()
+        n = 0
+        for event in engine.run(request):
+            n += len(event.token_ids)
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        seconds = time.perf_counter() - t0
+        sys.stdout.write("\n")
+        print(f"[{n} tokens, {seconds:.2f} s, {n / seconds:.2f} tok/s]", file=sys.stderr)
+        return 0
+    result = engine.generate(prompt, **kwargs)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(result.text)
+        s = result.stats
+        extra = f", tau {s.tau:.2f}, alpha {s.alpha:.2f}" if s.alpha is not None else ""
+        print(f"[{result.new_tokens} tokens, {result.seconds:.2f} s, "
+              f"{result.tokens_per_second:.2f} tok/s{extra}]", file=sys.stderr)
+    return 0
