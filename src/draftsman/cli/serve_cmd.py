@@ -1,0 +1,152 @@
+"""`draftsman serve`: an OpenAI-compatible HTTP server, acceleration on by default.
+
+Models load once, before the port opens. Without `--method`, the server uses speculative
+decoding: with `--draft` when given, else the catalogue's default draft for the target, else
+the prompt-lookup drafter (free, exact). SIGINT / SIGTERM stop accepting connections, let
+in-flight requests finish for up to `--shutdown-timeout` seconds, cancel the rest at their
+next step, and exit with status 0 (a second Ctrl-C exits at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from draftsman.cli.generate_cmd import add_method_args, add_model_args, method_options
+from draftsman.errors import InvalidArgumentError
+
+DRAFTERS = ("ngram", "prompt-lookup")  # drafters that are not models
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve TARGET at /v1/completions and /v1/chat/completions (streaming "
+                    "with stream: true), /v1/models, /health and /metrics. Requests pick a "
+                    "method with the extension object \"draftsman\": {\"method\": ..., "
+                    "options...}; the flags below set the default.")
+    add_model_args(p)
+    add_method_args(p)
+    p.set_defaults(method=None)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: the --target name, or the "
+                        "folder name for a path)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="requests generated at once, one thread each (default: 1)")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="requests waiting beyond --parallel before 429 (default: 16)")
+    p.add_argument("--max-tokens-cap", type=int, default=2048,
+                   help="largest max_tokens a request may ask for (default: 2048)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longest prompt accepted, else 413 (default: the model's context)")
+    p.add_argument("--shutdown-timeout", type=int, default=30,
+                   help="seconds in-flight requests may finish after SIGTERM (default: 30)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=run)
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    for name in ("parallel", "max_tokens_cap"):
+        if getattr(args, name) < 1:
+            raise InvalidArgumentError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.max_queue < 0:
+        raise InvalidArgumentError("--max-queue must be >= 0")
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        raise InvalidArgumentError("--max-prompt-tokens must be >= 1")
+    if not 0 < args.port < 65536:
+        raise InvalidArgumentError(f"--port must be in 1..65535, got {args.port}")
+
+
+def served_name(target: str) -> str:
+    """A path's folder (or file) name; a catalogue or hf: name as it is."""
+    path = Path(target).expanduser()
+    return path.name if path.exists() else target
+
+
+def default_method(args: argparse.Namespace, catalogue_draft: str | None
+                   ) -> tuple[str, dict]:
+    """(method, options) a request gets when it names no method."""
+    options = method_options(args)
+    if args.method is not None:
+        return args.method, options
+    options.setdefault("draft", catalogue_draft or "prompt-lookup")
+    return "speculative", options
+
+
+def resident_drafts(args: argparse.Namespace, catalogue_draft: str | None) -> list[str]:
+    """Companion models to load at start-up: --draft and --subdraft when they are models,
+    else the catalogue's draft for the target (so `staged` and `speculative` work)."""
+    if args.draft is None:
+        drafts = [catalogue_draft] if catalogue_draft else []
+    else:
+        drafts = [args.draft] if args.draft not in DRAFTERS else []
+    if args.subdraft is not None and args.subdraft not in DRAFTERS:
+        drafts.append(args.subdraft)
+    return drafts
+
+
+def build_app(args: argparse.Namespace):
+    """Load the models (once) and build the FastAPI app; no socket is opened here."""
+    import draftsman
+    from draftsman.engine import DEFAULT_DRAFTS
+    from draftsman.server.app import ServerSettings, create_app
+
+    catalogue_draft = DEFAULT_DRAFTS.get(args.target)
+    method, options = default_method(args, catalogue_draft)
+    drafts = resident_drafts(args, catalogue_draft)
+    engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads)
+    for spec in drafts:
+        engine.model(spec)
+    main_draft = drafts[0] if drafts and drafts[0] != args.subdraft else None
+    settings = ServerSettings(
+        model_name=args.served_model_name or served_name(args.target), method=method,
+        options=options, drafts=drafts, parallel=args.parallel, max_queue=args.max_queue,
+        max_tokens_cap=args.max_tokens_cap, max_prompt_tokens=args.max_prompt_tokens,
+        default_draft=main_draft)
+    return create_app(engine, settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    _check_limits(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
+    app = build_app(args)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    graceful_server(config).run()
+    return 0
+
+
+def graceful_server(config):
+    """A uvicorn Server whose handled SIGINT/SIGTERM ends `run()` normally.
+
+    uvicorn drains connections on the first signal, then re-raises it after shutdown (so
+    SIGTERM would end the process with -15); here the drain is the whole story and the
+    command exits 0. A second SIGINT still forces an immediate exit.
+    """
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield  # signals can only be handled in the main thread
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return GracefulServer(config)

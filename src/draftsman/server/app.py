@@ -1,0 +1,479 @@
+"""The OpenAI-compatible HTTP API around one loaded `Engine`.
+
+    app = create_app(engine, ServerSettings(model_name="qwen2.5-coder-1.5b-instruct",
+                                            method="speculative", options={"gamma": "auto"}))
+
+Request life cycle (each step may answer with an OpenAI error object instead):
+1. FastAPI validates the body strictly (422 on wrong types);
+2. `_prepare` checks the model name (404), refused fields (400), the method and options
+   (400, 404 for a draft that is not resident), tokenises the prompt (413 above
+   `max_prompt_tokens`), checks `max_tokens` against the cap and the context (400) and builds
+   the engine `Request` - all in a helper thread, before any queueing;
+3. the `Scheduler` admits it (429 with Retry-After when full) and a worker thread generates;
+4. events come back through an asyncio queue: collected into one JSON body, or sent as SSE
+   chunks ending with `data: [DONE]`.
+
+Every request to a generation endpoint is counted exactly once in the metrics, with its
+final status; a client that goes away cancels its job, which stops at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+import draftsman
+from draftsman.engine import Engine
+from draftsman.engine import Request as EngineRequest
+from draftsman.errors import ContextOverflowError, DraftsmanError, ModelNotFoundError
+from draftsman.server.metrics import Metrics
+from draftsman.server.schemas import (
+    FINISH_REASONS,
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    bad_request,
+    chunk_body,
+    completion_body,
+    error_body,
+    new_id,
+    now,
+    usage,
+    usage_chunk,
+)
+from draftsman.server.worker import Finished, Job, Scheduler, Tally, pin_models
+from draftsman.stats import Stats
+from draftsman.strategies.registry import BUILDERS
+
+log = logging.getLogger("draftsman.server")
+
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+# engine.prepare keywords: a method option may not shadow them
+RESERVED_OPTIONS = frozenset({"prompt", "method", "max_new_tokens", "temperature", "top_k",
+                              "top_p", "seed", "stop", "chat"})
+
+
+@dataclass
+class ServerSettings:
+    """What `draftsman serve` was started with.
+
+    `method` / `options` are the defaults a request gets when its `draftsman` extension does
+    not name another method (options it names are merged over the defaults). `drafts` are
+    the companion models loaded at start-up; no other model is ever loaded by a request.
+    """
+
+    model_name: str
+    method: str = "autoregressive"
+    options: dict[str, Any] = field(default_factory=dict)
+    drafts: list[str] = field(default_factory=list)
+    parallel: int = 1
+    max_queue: int = 16
+    max_tokens_cap: int = 2048
+    max_prompt_tokens: int | None = None  # None: the model's context
+    default_max_tokens: int = 16  # /v1/completions without max_tokens, as OpenAI
+    default_draft: str | None = None
+
+
+@dataclass
+class Call:
+    """Book-keeping of one HTTP request to a generation endpoint."""
+
+    endpoint: str
+    t0: float = field(default_factory=time.perf_counter)
+    method: str = "unknown"  # a registered method name once known (bounded label values)
+    recorded: bool = False
+
+
+@dataclass
+class Prepared:
+    request: EngineRequest
+    method: str
+    options: dict[str, Any]
+
+
+class Server:
+    """State shared by the routes: engine, scheduler, metrics, settings."""
+
+    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.created = now()
+        for spec in settings.drafts:  # resident from now on; requests never load models
+            engine.model(spec)
+        pin_models(engine, settings.drafts, settings.default_draft)
+        self.context = engine.target.config.max_position_embeddings
+        self.max_prompt_tokens = min(settings.max_prompt_tokens or self.context, self.context)
+        self.scheduler = Scheduler(engine, parallel=settings.parallel,
+                                   max_queue=settings.max_queue)
+        self.metrics = Metrics()
+        self.metrics.watch_queue(lambda: self.scheduler.waiting,
+                                 lambda: self.scheduler.running, self.scheduler.capacity)
+        self.model_names = {settings.model_name, engine.target.name}
+        self._background: set[asyncio.Task] = set()
+        self._check_defaults()
+
+    def _check_defaults(self) -> None:
+        """Fail at start-up, not on the first request, when the default method is unusable."""
+        self.engine.prepare([0], method=self.settings.method, max_new_tokens=1,
+                            **self.settings.options)
+
+    # ---- validation ------------------------------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.model_names:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves "
+                                f"{self.settings.model_name!r}", code="model_not_found",
+                           param="model")
+
+    def method_and_options(self, body: CompletionRequest | ChatCompletionRequest
+                           ) -> tuple[str, dict[str, Any]]:
+        ext = body.draftsman
+        requested = {k: v for k, v in (ext.options if ext else {}).items() if v is not None}
+        shadowed = sorted(RESERVED_OPTIONS & set(requested))
+        if shadowed:
+            raise bad_request(f"set {', '.join(shadowed)} as top-level field(s), not in "
+                              "the draftsman object", param="draftsman")
+        method = ext.method if ext and ext.method else self.settings.method
+        if method == self.settings.method:
+            return method, {**self.settings.options, **requested}
+        return method, requested
+
+    def max_new_tokens(self, body: CompletionRequest | ChatCompletionRequest,
+                       prompt_tokens: int) -> int:
+        """The request's max_tokens, or a default that fits the context; never above the cap."""
+        cap = self.settings.max_tokens_cap
+        asked = body.requested_max_tokens()
+        if asked is None:
+            default = self.settings.default_max_tokens if isinstance(
+                body, CompletionRequest) else cap
+            return max(1, min(default, cap, self.context - prompt_tokens))
+        if asked < 1:
+            raise bad_request(f"max_tokens must be >= 1, got {asked}", param="max_tokens")
+        if asked > cap:
+            raise bad_request(f"max_tokens {asked} exceeds this server's limit of {cap}",
+                              param="max_tokens")
+        return asked
+
+    def encode(self, body: CompletionRequest | ChatCompletionRequest) -> list[int]:
+        if isinstance(body, ChatCompletionRequest):
+            ids = self.engine.encode_prompt(body.template_messages())
+        else:
+            prompt = body.single_prompt()
+            if isinstance(prompt, list):
+                vocab = self.engine.target.config.vocab_size
+                bad = [t for t in prompt if not 0 <= t < vocab]
+                if bad:
+                    raise bad_request(f"token id {bad[0]} is outside the vocabulary "
+                                      f"(0..{vocab - 1})", param="prompt")
+            ids = self.engine.encode_prompt(prompt, chat=False)
+        if len(ids) > self.max_prompt_tokens:
+            raise ApiError(413, f"the prompt has {len(ids)} tokens; this server accepts at "
+                                f"most {self.max_prompt_tokens}", code="prompt_too_long",
+                           param="messages" if isinstance(body, ChatCompletionRequest)
+                           else "prompt")
+        return ids
+
+    def prepare(self, body: CompletionRequest | ChatCompletionRequest, call: Call
+                ) -> Prepared:
+        """Everything that can fail before generation (runs in a helper thread)."""
+        self.check_model(body.model)
+        body.unsupported_fields()
+        method, options = self.method_and_options(body)
+        if method in BUILDERS:
+            call.method = method
+        ids = self.encode(body)
+        top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+        request = self.engine.prepare(
+            ids, method=method, max_new_tokens=self.max_new_tokens(body, len(ids)),
+            temperature=body.temperature, top_k=top_k, top_p=body.top_p, seed=body.seed,
+            stop=body.stop_strings(), **options)
+        return Prepared(request, method, options)
+
+    # ---- outcomes --------------------------------------------------------------------
+    def record_request(self, call: Call, status: int) -> None:
+        if not call.recorded:
+            call.recorded = True
+            self.metrics.request(call.endpoint, call.method, status,
+                                 time.perf_counter() - call.t0)
+
+    def record_generation(self, call: Call, prepared: Prepared, job: Job, tally: Tally
+                          ) -> None:
+        """Record the generation once its job has finished (drains events not yet read)."""
+        if tally.finished is not None:
+            self._record_generation(call, prepared, tally)
+            return
+
+        async def drain() -> None:
+            async for item in job.items():
+                if isinstance(item, Finished):
+                    tally.finished = item
+                else:
+                    tally.add(item)
+            self._record_generation(call, prepared, tally)
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _record_generation(self, call: Call, prepared: Prepared, tally: Tally) -> None:
+        finished = tally.finished
+        assert finished is not None
+        reason = ("error" if finished.error is not None else tally.finish
+                  or ("cancelled" if finished.cancelled else "length"))
+        stats = Stats.from_steps(tally.steps)
+        self.metrics.generation(call.method, prompt_tokens=len(prepared.request.prompt_ids),
+                                steps=stats, reason=reason,
+                                queue_seconds=finished.queue_seconds, ttft=tally.ttft,
+                                run_seconds=finished.run_seconds)
+        log.info("%s %s: %d+%d tokens, %s, %.1f tok/s, tau %s, alpha %s", call.endpoint,
+                 call.method, len(prepared.request.prompt_ids), stats.new_tokens, reason,
+                 stats.new_tokens / finished.run_seconds if finished.run_seconds else 0.0,
+                 _fmt(stats.tau), _fmt(stats.alpha))
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(exc.status, exc.message, code=exc.code, param=exc.param),
+                        status_code=exc.status, headers=exc.headers)
+
+
+def as_api_error(exc: BaseException) -> ApiError:
+    """Any failure -> the error object the client sees (500 for bugs, logged)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, DraftsmanError):
+        code = ("model_not_found" if isinstance(exc, ModelNotFoundError)
+                else "context_length_exceeded" if isinstance(exc, ContextOverflowError)
+                else None)
+        return ApiError(exc.status, str(exc), code=code)
+    log.error("internal error", exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+
+
+class JobStream(StreamingResponse):
+    """An SSE response that, however it ends (done, client gone, shutdown), cancels its job
+    and counts the request once."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Any) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
+async def _wait_for_disconnect(request: Request, job: Job) -> None:
+    """Cancel `job` when the client closes the connection (body already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app; the scheduler's workers run between lifespan start and shutdown."""
+    server = Server(engine, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        server.scheduler.start()
+        log.info("serving %s (default method %s %s, %d worker(s), queue %d)",
+                 settings.model_name, settings.method, settings.options, settings.parallel,
+                 settings.max_queue)
+        try:
+            yield
+        finally:
+            server.scheduler.close()
+            log.info("stopped")
+
+    app = FastAPI(title="draftsman", version=draftsman.__version__, lifespan=lifespan)
+    app.state.server = server
+
+    def call_of(request: Request) -> Call | None:
+        endpoint = ENDPOINTS.get(request.url.path)
+        if endpoint is None:
+            return None
+        call = getattr(request.state, "call", None)
+        if call is None:
+            call = request.state.call = Call(endpoint)
+        return call
+
+    def fail(request: Request, exc: BaseException) -> JSONResponse:
+        error = as_api_error(exc)
+        call = call_of(request)
+        if call is not None:
+            server.record_request(call, error.status)
+        return _error_response(error)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return fail(request, exc)
+
+    @app.exception_handler(DraftsmanError)
+    async def _draftsman_error(request: Request, exc: DraftsmanError) -> JSONResponse:
+        return fail(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return fail(request, bad_request("the request body is not valid JSON"))
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
+            f"{e.get('msg', 'invalid')}" for e in errors[:5])
+        return fail(request, ApiError(422, message, code="invalid_type",
+                                      param=".".join(loc) or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return fail(request, ApiError(exc.status_code, str(exc.detail),
+                                      headers=dict(exc.headers or {})))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        s = server.scheduler
+        ok = s.healthy
+        return JSONResponse({"status": "ok" if ok else "unavailable",
+                             "model": settings.model_name, "waiting": s.waiting,
+                             "running": s.running, "capacity": s.capacity},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=server.metrics.content_type)
+
+    def model_card() -> dict[str, Any]:
+        return {"id": settings.model_name, "object": "model", "created": server.created,
+                "owned_by": "draftsman",
+                "draftsman": {"method": settings.method, "options": settings.options,
+                              "methods": sorted(BUILDERS), "drafts": settings.drafts,
+                              "context_length": server.context,
+                              "max_tokens_cap": settings.max_tokens_cap,
+                              "max_prompt_tokens": server.max_prompt_tokens}}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def get_model(name: str) -> dict[str, Any]:
+        server.check_model(name)
+        return model_card()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await generate(body, request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await generate(body, request, "chat")
+
+    async def generate(body: CompletionRequest | ChatCompletionRequest, request: Request,
+                       kind: str) -> Response:
+        call = call_of(request)
+        assert call is not None
+        try:
+            prepared = await asyncio.to_thread(server.prepare, body, call)
+        except Exception as exc:
+            return fail(request, exc)
+        try:
+            job = server.scheduler.submit(prepared.request)
+        except ApiError as exc:
+            return fail(request, exc)
+        meta = dict(kind=kind, rid=new_id(kind), created=now(), model=settings.model_name)
+        tally = Tally(started=call.t0)
+        if body.stream:
+            def on_close() -> None:
+                job.cancel()
+                server.record_request(call, 200)
+                server.record_generation(call, prepared, job, tally)
+
+            return JobStream(stream(job, tally, prepared, meta, body.include_usage()),
+                             on_close)
+        return await collect(request, call, job, tally, prepared, meta)
+
+    async def collect(request: Request, call: Call, job: Job, tally: Tally,
+                      prepared: Prepared, meta: dict[str, Any]) -> Response:
+        watcher = asyncio.create_task(_wait_for_disconnect(request, job))
+        try:
+            async for item in job.items():
+                if isinstance(item, Finished):
+                    tally.finished = item
+                else:
+                    tally.add(item)
+        finally:
+            watcher.cancel()
+            job.cancel()
+            if tally.finished is None:  # this handler was cancelled (shutdown timeout)
+                server.record_request(call, 499)
+                server.record_generation(call, prepared, job, tally)
+        server.record_generation(call, prepared, job, tally)
+        finished = tally.finished
+        if finished.error is not None:
+            return fail(request, finished.error)
+        if tally.cancelled:
+            return fail(request, ApiError(499, "the client closed the request",
+                                          code="client_closed_request"))
+        server.record_request(call, 200)
+        return JSONResponse(completion_body(
+            **meta, text="".join(tally.text), finish_reason=FINISH_REASONS.get(
+                tally.finish or "length", "stop"),
+            usage_=usage(len(prepared.request.prompt_ids), tally.tokens),
+            stats=tally.stats(prepared.method, prepared.options)))
+
+    async def stream(job: Job, tally: Tally, prepared: Prepared, meta: dict[str, Any],
+                     include_usage: bool) -> AsyncIterator[str]:
+        if meta["kind"] == "chat":
+            yield sse(chunk_body(**meta, role=True))
+        async for item in job.items():
+            if isinstance(item, Finished):
+                tally.finished = item
+            else:
+                tally.add(item)
+                if item.text:
+                    yield sse(chunk_body(**meta, text=item.text))
+        finished = tally.finished
+        assert finished is not None
+        if finished.error is not None or tally.cancelled:
+            error = (as_api_error(finished.error) if finished.error is not None else
+                     ApiError(503, "generation cancelled: the server is shutting down",
+                              code="cancelled"))
+            yield sse(error_body(error.status, error.message, code=error.code))
+            yield sse("[DONE]")
+            return
+        stats = tally.stats(prepared.method, prepared.options)
+        yield sse(chunk_body(**meta, finish_reason=FINISH_REASONS.get(tally.finish or "length",
+                                                                      "stop"),
+                             extra={"draftsman": stats}))
+        if include_usage:
+            yield sse(usage_chunk(**meta, usage_=usage(len(prepared.request.prompt_ids),
+                                                       tally.tokens), stats=stats))
+        yield sse("[DONE]")
+
+    return app

@@ -1,0 +1,290 @@
+"""Generation off the event loop: a bounded queue in front of `parallel` worker threads.
+
+Generation is CPU-bound PyTorch, so it never runs on the asyncio loop. `Scheduler.submit`
+admits a prepared `Request` (or refuses it with 429 when `parallel + max_queue` requests are
+already admitted), a worker thread runs `engine.run(request)` and hands every `Event` to the
+request's asyncio queue with `call_soon_threadsafe`, then a final `Finished`.
+
+Invariants:
+- every admitted job ends with exactly one `Finished` on its queue, whatever happens
+  (completed, cancelled while waiting, cancelled while running, failed, shut down);
+- `waiting + running` counts admitted jobs that have not finished, so the 429 bound is
+  exact; a job cancelled while waiting leaves the count at once, not when a worker pops it;
+- a cancelled running job stops at its next step: the worker checks the flag between
+  events and closes the engine's iterator, which frees the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftsman.engine import Engine, Event, Request
+from draftsman.errors import ModelNotFoundError
+from draftsman.server.schemas import ApiError
+from draftsman.stats import Stats
+from draftsman.strategies.base import Step
+
+log = logging.getLogger("draftsman.server")
+
+WAITING, RUNNING, DONE, CANCELLED = "waiting", "running", "done", "cancelled"
+
+
+@dataclass
+class Finished:
+    """The last item on a job's queue. `error` is set when generation raised."""
+
+    cancelled: bool
+    queue_seconds: float
+    run_seconds: float
+    error: BaseException | None = None
+
+
+class Job:
+    """One admitted request: its events arrive on `items()`; `cancel()` is idempotent."""
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop,
+                 on_cancel: Callable[[Job], None]) -> None:
+        self.request = request
+        self.loop = loop
+        self.state = WAITING
+        self.enqueued_at = time.perf_counter()
+        self.started_at: float | None = None
+        self._queue: asyncio.Queue[Event | Finished] = asyncio.Queue()
+        self._cancel = threading.Event()
+        self._on_cancel = on_cancel
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def cancel(self) -> None:
+        if not self._cancel.is_set():
+            self._cancel.set()
+            self._on_cancel(self)
+
+    def emit(self, item: Event | Finished) -> None:
+        """Called from a worker thread; drops the item if the loop is gone (shutdown)."""
+        try:
+            self.loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # event loop closed
+            self._cancel.set()
+
+    async def items(self) -> AsyncIterator[Event | Finished]:
+        """Events in order, then the `Finished` item; nothing after it."""
+        while True:
+            item = await self._queue.get()
+            yield item
+            if isinstance(item, Finished):
+                return
+
+
+@dataclass
+class Tally:
+    """What the client has been sent so far: text, tokens, steps, timing of the first token."""
+
+    started: float = field(default_factory=time.perf_counter)
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    steps: list[Step] = field(default_factory=list)
+    finish: str | None = None
+    first_token_at: float | None = None
+    finished: Finished | None = None
+
+    def add(self, event: Event) -> None:
+        self.steps.append(event.step)
+        self.text.append(event.text)
+        self.tokens += len(event.token_ids)
+        if event.token_ids and self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        if event.finish is not None:
+            self.finish = event.finish
+
+    @property
+    def cancelled(self) -> bool:
+        return self.finished is not None and self.finished.cancelled and self.finish is None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started
+
+    def stats(self, method: str, options: dict[str, Any]) -> dict[str, Any]:
+        """The `draftsman` object of a response: method, acceptance and speed."""
+        s = Stats.from_steps(self.steps)
+        run = self.finished.run_seconds if self.finished else 0.0
+        return {
+            "method": method,
+            "options": options,
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "alpha": s.alpha,
+            "acceptance_rate": s.acceptance_rate,
+            "tau": s.tau,
+            "gamma": s.mean_gamma,
+            "target_forwards": s.target_forwards,
+            "draft_forwards": s.draft_forwards,
+            "new_tokens": s.new_tokens,
+            "seconds": run,
+            "tokens_per_second": s.new_tokens / run if run > 0 else 0.0,
+            "queue_seconds": self.finished.queue_seconds if self.finished else 0.0,
+            "time_to_first_token": self.ttft,
+            "finish": self.finish,
+        }
+
+
+class QueueFull(ApiError):
+    def __init__(self, retry_after: int, capacity: int) -> None:
+        super().__init__(429, f"the server is busy ({capacity} requests admitted); retry in "
+                              f"{retry_after} s", code="rate_limit_exceeded",
+                         headers={"Retry-After": str(retry_after)})
+
+
+class Scheduler:
+    """Admission control plus `parallel` daemon worker threads sharing one engine."""
+
+    def __init__(self, engine: Engine, *, parallel: int = 1, max_queue: int = 16) -> None:
+        if parallel < 1:
+            raise ValueError(f"parallel must be >= 1, got {parallel}")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.engine = engine
+        self.parallel = parallel
+        self.max_queue = max_queue
+        self.waiting = 0
+        self.running = 0
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._all: set[Job] = set()  # admitted and not finished
+        self._closed = False
+        self._mean_seconds = 1.0  # moving average of run time, for Retry-After
+        self._threads = [threading.Thread(target=self._work, name=f"draftsman-worker-{i}",
+                                          daemon=True) for i in range(parallel)]
+
+    # ---- life cycle --------------------------------------------------------------------
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Refuse new jobs, cancel admitted ones (each stops at its next step), join."""
+        with self._lock:
+            self._closed = True
+            pending = list(self._all)
+        for job in pending:
+            job.cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def healthy(self) -> bool:
+        return not self._closed and all(t.is_alive() for t in self._threads)
+
+    @property
+    def capacity(self) -> int:
+        return self.parallel + self.max_queue
+
+    # ---- admission ---------------------------------------------------------------------
+    def submit(self, request: Request) -> Job:
+        """Admit `request` or raise QueueFull (429) / ApiError 503 when shutting down."""
+        job = Job(request, asyncio.get_running_loop(), self._cancelled)
+        with self._lock:
+            if self._closed:
+                raise ApiError(503, "the server is shutting down", code="shutting_down")
+            if self.waiting + self.running >= self.capacity:
+                raise QueueFull(self._retry_after(), self.capacity)
+            self.waiting += 1
+            self._all.add(job)
+        self._jobs.put(job)
+        return job
+
+    def _retry_after(self) -> int:
+        """Seconds until a slot is likely free: queued work spread over the workers."""
+        ahead = self.waiting + self.running
+        return max(1, min(60, math.ceil(self._mean_seconds * ahead / self.parallel)))
+
+    def _cancelled(self, job: Job) -> None:
+        with self._lock:
+            if job.state != WAITING:
+                return  # running: the worker stops at the next step; done: nothing to do
+            job.state = CANCELLED
+            self.waiting -= 1
+            self._all.discard(job)
+        job.emit(Finished(cancelled=True, queue_seconds=time.perf_counter() - job.enqueued_at,
+                          run_seconds=0.0))
+
+    # ---- workers -----------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with self._lock:
+                if job.state != WAITING:
+                    continue  # cancelled while waiting: already finished and uncounted
+                job.state = RUNNING
+                self.waiting -= 1
+                self.running += 1
+            try:
+                self._run(job)
+            finally:
+                with self._lock:
+                    job.state = DONE
+                    self.running -= 1
+                    self._all.discard(job)
+
+    def _run(self, job: Job) -> None:
+        job.started_at = time.perf_counter()
+        queued = job.started_at - job.enqueued_at
+        error: BaseException | None = None
+        events = self.engine.run(job.request)
+        try:
+            for event in events:
+                if job.cancelled:
+                    break
+                job.emit(event)
+        except Exception as exc:  # reported to the client; the worker keeps serving
+            log.exception("generation failed")
+            error = exc
+        finally:
+            events.close()
+        seconds = time.perf_counter() - job.started_at
+        self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * seconds
+        job.emit(Finished(cancelled=job.cancelled, queue_seconds=queued, run_seconds=seconds,
+                          error=error))
+
+
+def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> None:
+    """Freeze the engine's companion models to those loaded at start-up.
+
+    After this, a request naming a model that is not resident (`draftsman.draft` = some path)
+    gets 404 instead of making the server read or download weights mid-request; a method
+    that needs a draft and is given none uses the server's `--draft` (`default_draft`).
+    Implemented by shadowing two bound methods on this engine instance only.
+    """
+    resident = {engine.target.name, *drafts}
+    load = engine.model
+    fallback = engine.default_draft
+
+    def model(spec: str):
+        if spec not in resident:
+            raise ModelNotFoundError(
+                f"model {spec!r} is not loaded in this server; available drafts: "
+                f"{', '.join(drafts) or 'none'} (and the drafters ngram, prompt-lookup)")
+        return load(spec)
+
+    def default() -> str:
+        return default_draft if default_draft is not None else fallback()
+
+    engine.model = model  # type: ignore[method-assign]
+    engine.default_draft = default  # type: ignore[method-assign]
