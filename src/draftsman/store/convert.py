@@ -352,7 +352,9 @@ def _tensor_jobs(reader: Any, meta: GGUFMetadata, config: dict[str, Any], gguf_p
 
 def _write_generation_config(meta: GGUFMetadata, out_dir: Path) -> None:
     # Only what the GGUF states: token ids. Sampling defaults are not in GGUF metadata.
-    generation: dict[str, Any] = {"eos_token_id": end_of_generation_ids(meta)}
+    generation: dict[str, Any] = {}
+    if eos := end_of_generation_ids(meta):
+        generation["eos_token_id"] = eos
     for key, hf_key in (("bos", "bos_token_id"), ("padding", "pad_token_id")):
         value = meta.get(f"tokenizer.ggml.{key}_token_id")
         if value is not None:

@@ -59,8 +59,9 @@ def unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
 def float32_to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns (uint16) of float32 values, rounding to nearest even.
 
-    Bit-identical to `torch.Tensor.to(torch.bfloat16)` (same rounding, NaN -> 0x7FC0), so a
-    folder converted here matches what transformers produces from the same GGUF.
+    Bit-identical to `torch.Tensor.to(torch.bfloat16)` for every non-NaN value (NaN stays
+    NaN, as the canonical 0x7FC0), so a folder converted here matches what transformers
+    produces from the same GGUF.
     """
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     lsb = (u >> 16) & 1  # ties go to the even neighbour
