@@ -9,6 +9,8 @@ import time
 
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
+from draftsman.sampling import SamplingConfig
+from draftsman.strategies.base import GenerationConfig
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt or not prompt.strip():
         raise InvalidArgumentError("the prompt is empty")
+    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)  # fail before loading
+    GenerationConfig(args.max_new_tokens)
     kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, stop=args.stop, chat=args.chat, **method_options(args))

@@ -1,0 +1,105 @@
+"""Integration tests on the embedded real models (pulled on first use)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import draftsman
+from draftsman.store.resolve import ensure_model
+
+pytestmark = pytest.mark.real
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain what a hash map is in two sentences.",
+    "def fibonacci(n):",
+]
+
+
+@pytest.fixture(scope="module")
+def qwen_small_fp32():
+    ensure_model("qwen2.5-coder-0.5b-instruct")
+    return draftsman.load("qwen2.5-coder-0.5b-instruct", dtype="fp32")
+
+
+def test_greedy_matches_transformers_on_converted_folder(qwen_small_fp32):
+    """The converted folder loads in transformers, and both produce the same 64 tokens."""
+    import transformers
+
+    engine = qwen_small_fp32
+    hf = transformers.AutoModelForCausalLM.from_pretrained(engine.target.folder,
+                                                           dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(engine.target.folder)
+    for prompt in PROMPTS:
+        ids = engine.encode_prompt(prompt)
+        hf_ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                         add_generation_prompt=True, tokenize=True)
+        if hasattr(hf_ids, "keys"):
+            hf_ids = hf_ids["input_ids"]
+        assert list(hf_ids) == ids, "chat template rendering differs from transformers"
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False,
+                              min_new_tokens=64, eos_token_id=None, pad_token_id=0)
+        expected = out[0, len(ids):].tolist()
+        got = engine.generate(ids, max_new_tokens=64).token_ids
+        eos = engine.target.tokenizer.eos_token_ids
+        n = next((i + 1 for i, t in enumerate(expected) if t in eos), 64)
+        assert got == expected[:n]
+
+
+def test_speculative_exact_on_real_model(qwen_small_fp32):
+    engine = qwen_small_fp32
+    for prompt in PROMPTS[:2]:
+        ref = engine.generate(prompt, max_new_tokens=48)
+        for drafter in ("prompt-lookup", "ngram"):
+            got = engine.generate(prompt, max_new_tokens=48, method="speculative",
+                                  draft=drafter, gamma=4)
+            assert got.token_ids == ref.token_ids
+            assert got.text == ref.text
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "draftsman.cli.main", *args], input=stdin,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_cli_json_fields():
+    ensure_model("smollm2-135m-instruct")
+    r = cli("generate", "--target", "smollm2-135m-instruct", "--max-new-tokens", "8", "--json",
+            "--method", "speculative", "--draft", "prompt-lookup", "Say hello.")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("text", "token_ids", "new_tokens", "seconds", "tokens_per_second", "method",
+                "target_forwards", "drafted", "accepted", "alpha", "tau", "gamma"):
+        assert key in out
+    assert out["new_tokens"] == len(out["token_ids"]) <= 8
+
+
+def test_cli_stdin_and_stream():
+    r = cli("generate", "--target", "smollm2-135m-instruct", "--max-new-tokens", "6",
+            "--stream", stdin="Count to three.")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--target", "no-such-model", "hi"], "unknown model"),
+    (["--target", "/no/such/folder", "hi"], "/no/such/folder"),
+    (["--top-p", "2", "hi"], "top-p"),
+    (["--temperature", "-1", "hi"], "temperature"),
+    (["--target", "smollm2-135m-instruct", ""], "empty"),
+    (["--target", "smollm2-135m-instruct", "--max-new-tokens", "8", "word " * 9000], "context"),
+    (["--target", "smollm2-135m-instruct", "--method", "speculative", "--draft",
+      "qwen2.5-coder-0.5b-instruct", "hi"], "vocabular"),
+    (["--target", "smollm2-135m-instruct", "--method", "warp-drive", "hi"], "unknown method"),
+])
+def test_cli_bad_input_is_one_clear_line(args, needle):
+    r = cli("generate", *args)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert needle.lower() in r.stderr.lower(), r.stderr
