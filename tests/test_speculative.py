@@ -12,6 +12,7 @@ import itertools
 import pytest
 import torch
 from scipy.stats import chi2
+from tiny import hf_model, ours_from_hf
 
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
@@ -24,7 +25,6 @@ from draftsman.strategies.base import GenerationConfig
 from draftsman.strategies.gamma import make_policy
 from draftsman.strategies.speculative import Speculative
 from draftsman.verify import Verdict
-from tiny import ours_from_hf, hf_model
 
 
 def perturbed_copy(model, scale: float, seed: int):
@@ -52,8 +52,8 @@ def models():
     }
 
 
-def run(strategy, prompt, max_new=40, eos=frozenset(), sampling=SamplingConfig()):
-    config = GenerationConfig(max_new, sampling, eos)
+def run(strategy, prompt, max_new=40, eos=frozenset(), sampling=None):
+    config = GenerationConfig(max_new, sampling or SamplingConfig(), eos)
     steps = list(strategy.generate(prompt, config))
     return [t for s in steps for t in s.tokens], steps
 
