@@ -75,10 +75,31 @@ def build_staged(engine: Engine, options: dict[str, Any]) -> Strategy:
     return Speculative(engine.target.model, middle, policy)
 
 
+def build_big_little(engine: Engine, options: dict[str, Any]) -> Strategy:
+    from draftsman.strategies.big_little import BigLittle, BigLittleConfig
+
+    o = _take(options, "big-little", {"draft": None, "fallback": 0.5, "rollback": 3.0,
+                                       "max_small": 10, "distance": "cross-entropy",
+                                       "early_exit": None})
+    config = BigLittleConfig.from_options(o["fallback"], o["rollback"], o["max_small"],
+                                          o["distance"])
+    if o["early_exit"] is not None:
+        if o["draft"] is not None:
+            raise InvalidArgumentError("big-little: give either --draft or early_exit, not both")
+        layer = _int(o["early_exit"], "early_exit")
+        return BigLittle(engine.target.model, None, config, early_exit=layer)
+    draft = str(o["draft"] or engine.default_draft())
+    if draft in DETERMINISTIC_DRAFTERS:
+        raise InvalidArgumentError("big-little needs a small model (--draft MODEL), not "
+                                   f"{draft}; or use --option early_exit=LAYERS")
+    return BigLittle(engine.target.model, engine.model(draft).model, config)
+
+
 BUILDERS = {
     "autoregressive": build_autoregressive,
     "speculative": build_speculative,
     "staged": build_staged,
+    "big-little": build_big_little,
 }
 
 
