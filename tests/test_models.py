@@ -107,3 +107,20 @@ def test_overflow_is_refused_before_work():
     with pytest.raises(ContextOverflowError):
         ours(torch.zeros(1, 9, dtype=torch.long), positions_for(0, 9), cache)
     assert cache.length == 0
+
+
+def test_int8_weights_approximate_and_stay_self_consistent():
+    from draftsman.models.quantize import quantize_int8
+
+    hf, ours = tiny_pair("qwen2")
+    ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(6))
+    ref = ours(ids, positions_for(0, 10), ours.new_cache(16)).logits
+    q = quantize_int8(ours)
+    assert q.dtype == torch.float32  # activations keep the norm's dtype
+    out = q(ids.clone(), positions_for(0, 10), q.new_cache(16)).logits
+    assert (out.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    # chunked and one-token forwards agree on the quantised model too
+    cache = q.new_cache(16)
+    q(ids[:, :6], positions_for(0, 6), cache)
+    step = q(ids[:, 6:7], positions_for(6, 1), cache).logits
+    torch.testing.assert_close(step[:, -1].float(), out[:, 6].float(), atol=2e-2, rtol=2e-2)

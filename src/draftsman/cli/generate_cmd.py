@@ -17,8 +17,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="catalogue name, model folder, .gguf file or hf:owner/name "
                              f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"],
-                        help="weight and activation dtype (default: bf16)")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "int8"],
+                        help="weights: bf16 (default), fp32, or int8 weight-only (bf16 "
+                             "activations; a quantised model, compare int8 with int8)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for PyTorch (default: all cores)")
 

@@ -95,11 +95,12 @@ class DecoderLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        """Activation and KV-cache dtype (the final norm's, which quantisation never touches)."""
+        return self.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.norm.weight.device
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         c = self.config

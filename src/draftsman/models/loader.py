@@ -14,18 +14,22 @@ from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.gpt2 import GPT2Model
 from draftsman.models.llama import LlamaModel
+from draftsman.models.quantize import quantize_int8
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
 
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
+INT8 = "int8"  # weight-only int8 with bf16 activations (models/quantize.py)
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype | str:
+    if isinstance(name, torch.dtype) or name == INT8:
         return name
     try:
         return DTYPES[name]
     except KeyError:
-        raise DraftsmanError(f"unknown dtype {name!r}; choose bf16 or fp32") from None
+        raise DraftsmanError(f"unknown dtype {name!r}; choose bf16, fp32 or int8") from None
 
 
 def model_class(config: ModelConfig) -> type[DecoderLM]:
@@ -90,4 +94,8 @@ def load_model(
     if not folder.is_dir():
         raise ModelNotFoundError(f"model folder {folder} does not exist")
     config = ModelConfig.from_folder(folder)
-    return build_model(config, read_safetensors(folder), parse_dtype(dtype), max_positions)
+    dtype = parse_dtype(dtype)
+    if dtype == INT8:
+        model = build_model(config, read_safetensors(folder), torch.bfloat16, max_positions)
+        return quantize_int8(model)
+    return build_model(config, read_safetensors(folder), dtype, max_positions)
