@@ -1,0 +1,128 @@
+"""What the runner times: a draftsman method configuration or a peer implementation.
+
+Every contestant receives the same prompt token ids and the same sampling settings and
+returns its new token ids, counted the same way for all: the tokens after the prompt, cut
+after the first EOS (kept) and at max_new_tokens. Only `run` is timed; building the request
+(loading models, validation) happens before the clock starts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftsman.bench.spec import BASELINE, MethodConfig
+from draftsman.errors import InvalidArgumentError
+from draftsman.strategies.base import Step
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
+class Outcome:
+    token_ids: list[int]
+    seconds: float  # from the prompt ids to the last token
+    ttft_seconds: float | None = None  # to the first committed token, when streamed
+    steps: list[Step] | None = None  # draftsman methods only
+    finish: str | None = None
+
+
+@dataclass
+class Contestant:
+    label: str
+    method: str
+    kind: str  # "baseline", "draftsman", "peer"
+    exactness: str = "exact"
+    drafter: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Outcome:
+        raise NotImplementedError
+
+    def warm_up(self, prompt_ids: list[int], sampling: Sampling, tokens: int) -> None:
+        """One short untimed generation: first-call allocations, lazy loads, caches."""
+        short = Sampling(min(tokens, sampling.max_new_tokens), sampling.temperature,
+                         sampling.top_k, sampling.top_p)
+        self.run(prompt_ids, short, 0)
+
+
+def clip_new_tokens(ids: list[int], eos: frozenset[int], max_new_tokens: int) -> list[int]:
+    """The counting rule shared by every contestant: cut after the first EOS (kept)."""
+    out: list[int] = []
+    for t in ids[:max_new_tokens]:
+        out.append(t)
+        if t in eos:
+            break
+    return out
+
+
+class DraftsmanContestant(Contestant):
+    """A registered strategy with its options, driven through `Engine.prepare` / `run`."""
+
+    def __init__(self, engine: Any, config: MethodConfig, default_draft: str | None) -> None:
+        options = config.kwargs()
+        self.engine = engine
+        # --draft fills in the draft model of methods that take one and were not given one
+        self._with_draft = (dict(options, draft=default_draft)
+                            if default_draft and config.method != BASELINE
+                            and "draft" not in options and "drafter" not in options else None)
+        self._options = options
+        strategy = self._probe(config.method)
+        drafter = self._options.get("draft") or self._options.get("drafter")
+        if drafter is None and getattr(strategy, "proposer", None) is not None:
+            drafter = _default_draft_name(engine)
+        super().__init__(
+            label=config.label, method=config.method,
+            kind="baseline" if config.method == BASELINE else "draftsman",
+            exactness=getattr(strategy, "exactness", "exact"),
+            drafter=str(drafter) if drafter is not None else None,
+            options={k: v for k, v in config.options},
+        )
+
+    def _probe(self, method: str) -> Any:
+        """Build the strategy once: checks the options and loads any draft model now."""
+        if self._with_draft is not None:
+            try:
+                strategy = self.engine.strategy(method, self._with_draft)
+                self._options = self._with_draft
+                return strategy
+            except InvalidArgumentError as exc:
+                if "unknown option" not in str(exc) or "draft" not in str(exc):
+                    raise
+        return self.engine.strategy(method, self._options)
+
+    def request(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Any:
+        return self.engine.prepare(
+            list(prompt_ids), method=self.method, max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            seed=seed, **self._options)
+
+    def run(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Outcome:
+        request = self.request(prompt_ids, sampling, seed)
+        ids: list[int] = []
+        steps: list[Step] = []
+        ttft = None
+        finish = None
+        t0 = time.perf_counter()
+        for event in self.engine.run(request):
+            if ttft is None and event.token_ids:
+                ttft = time.perf_counter() - t0
+            ids.extend(event.token_ids)
+            steps.append(event.step)
+            finish = event.finish
+        seconds = time.perf_counter() - t0
+        return Outcome(ids, seconds, ttft, steps, finish or "length")
+
+
+def _default_draft_name(engine: Any) -> str | None:
+    try:
+        return engine.default_draft()
+    except InvalidArgumentError:
+        return None

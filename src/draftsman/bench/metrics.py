@@ -1,0 +1,298 @@
+"""Benchmark numbers, all derived from Step events (per row) and from rows (per method).
+
+Per row (`step_metrics`): the engine's `Stats` over the row's Steps plus what the benchmark
+adds: staged per-stage counts and the accepted run lengths (for the oracle bound).
+
+Per method (`summarise`), over the prompts both it and the baseline measured:
+- each (prompt, turn) contributes the **median over repeats** of its seconds and new tokens;
+- tokens/s = Σ tokens / Σ seconds; time per token is its inverse;
+- speedup = baseline time per token / method time per token over those sums. For exact
+  methods the token counts are equal and this is the ratio of summed times; normalising by
+  tokens keeps it fair when a lossy method (or a bf16 tie) stops at a different length;
+- `speedup_median` is the median over prompts of the same per-prompt ratio, and the spread
+  (`speedup_min`, `speedup_max`) is over repeats, each repeat summed over all prompts;
+- α, τ, γ, c are pooled over every Step of every row (sums of counts, then ratios), and the
+  predicted speedup is `theory.expected_speedup(α, γ, c)` with those measured values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from draftsman.bench.quality import corpus_bleu
+from draftsman.stats import Stats
+from draftsman.strategies.base import Step
+from draftsman.theory import expected_speedup, oracle_speedup_from_runs
+
+Row = dict[str, Any]
+
+# counts a row stores so that methods can be pooled by summing
+COUNTS = ("new_tokens", "seconds", "steps", "target_forwards", "draft_forwards", "drafted",
+          "accepted", "rejections", "drafting_steps", "draft_seconds", "verify_seconds",
+          "other_seconds", "sub_drafted", "sub_accepted", "sub_rejections")
+
+
+def step_metrics(steps: Sequence[Step]) -> dict[str, Any]:
+    """Everything a row records about its Steps (counts plus the per-row ratios)."""
+    stats = Stats.from_steps(list(steps))
+    out = stats.as_dict()
+    out["predicted_speedup"] = predicted(stats.alpha, stats.mean_gamma, stats.cost_ratio)
+    sub = {k: sum(int(s.extra.get(k, 0)) for s in steps)
+           for k in ("sub_drafted", "sub_accepted", "sub_rejections")}
+    out.update(sub)
+    out["alpha_draft"] = ratio(sub["sub_accepted"], sub["sub_accepted"] + sub["sub_rejections"])
+    out["accepted_runs"] = [s.accepted for s in steps if s.drafted]
+    out["gammas"] = [int(s.extra["gamma"]) for s in steps if "gamma" in s.extra]
+    return out
+
+
+def ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def predicted(alpha: float | None, gamma: float | None, cost: float | None) -> float | None:
+    if alpha is None or not gamma or cost is None:
+        return None
+    return expected_speedup(alpha, gamma, cost)
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(vals) if vals else None
+
+
+@dataclass
+class Pooled:
+    """Sums over rows and the ratios that follow from them (α, τ, γ, c, splits)."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    runs: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, rows: Iterable[Row]) -> Pooled:
+        sums: dict[str, float] = defaultdict(float)
+        runs: list[int] = []
+        for row in rows:
+            for k in COUNTS:
+                sums[k] += float(row.get(k) or 0)
+            runs.extend(row.get("accepted_runs") or [])
+        return cls(dict(sums), runs)
+
+    def __getitem__(self, key: str) -> float:
+        return self.sums.get(key, 0.0)
+
+    @property
+    def alpha(self) -> float | None:
+        return ratio(self["accepted"], self["accepted"] + self["rejections"])
+
+    @property
+    def alpha_draft(self) -> float | None:
+        return ratio(self["sub_accepted"], self["sub_accepted"] + self["sub_rejections"])
+
+    @property
+    def tau(self) -> float | None:
+        return ratio(self["new_tokens"], self["target_forwards"])
+
+    @property
+    def gamma(self) -> float | None:
+        return ratio(self["drafted"], self["drafting_steps"])
+
+    @property
+    def cost_ratio(self) -> float | None:
+        if not (self["draft_forwards"] and self["target_forwards"] and self["verify_seconds"]):
+            return None
+        return (self["draft_seconds"] / self["draft_forwards"]) / (
+            self["verify_seconds"] / self["target_forwards"])
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        return predicted(self.alpha, self.gamma, self.cost_ratio)
+
+    @property
+    def oracle_speedup(self) -> float | None:
+        c = self.cost_ratio
+        return oracle_speedup_from_runs(self.runs, c) if self.runs and c is not None else None
+
+    def share(self, key: str) -> float | None:
+        return ratio(self[key], self["seconds"])
+
+
+@dataclass
+class MethodSummary:
+    label: str
+    method: str
+    kind: str  # "baseline", "draftsman" or "peer"
+    exactness: str
+    drafter: str | None
+    prompts: int
+    rows: int
+    repeats: int
+    new_tokens: float
+    seconds: float
+    tokens_per_second: float | None
+    ms_per_token: float | None
+    tokens_per_second_min: float | None
+    tokens_per_second_max: float | None
+    speedup: float | None
+    speedup_median: float | None
+    speedup_min: float | None
+    speedup_max: float | None
+    ttft_ms: float | None
+    alpha: float | None
+    alpha_draft: float | None
+    acceptance_rate: float | None
+    tau: float | None
+    gamma: float | None
+    cost_ratio: float | None
+    predicted_speedup: float | None
+    oracle_speedup: float | None
+    target_forwards_per_token: float | None
+    draft_forwards_per_token: float | None
+    draft_share: float | None
+    verify_share: float | None
+    other_share: float | None
+    peak_rss_mb: float | None
+    identical_rate: float | None
+    identical_known: int
+    divergence_margins: list[float]
+    rouge_l_ar: float | None
+    bleu_ar: float | None
+    rouge_l_ref: float | None
+    bleu_ref: float | None
+    pass_at_1: float | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _by_prompt(rows: Iterable[Row]) -> dict[str, dict[int, Row]]:
+    out: dict[str, dict[int, Row]] = defaultdict(dict)
+    for row in rows:
+        out[row["prompt_key"]][int(row["repeat"])] = row
+    return out
+
+
+def _tpt(seconds: float, tokens: float) -> float | None:
+    return seconds / tokens if tokens else None
+
+
+def _mean(values: Iterable[Any]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarise_label(rows: list[Row], baseline: list[Row]) -> MethodSummary:
+    """One method's summary, compared with the baseline on the prompts both measured."""
+    mine, base = _by_prompt(rows), _by_prompt(baseline)
+    shared = sorted(set(mine) & set(base)) if base else sorted(mine)
+    seconds = tokens = base_seconds = base_tokens = 0.0
+    per_prompt: list[float] = []
+    for key in shared:
+        s = median(r["seconds"] for r in mine[key].values()) or 0.0
+        n = median(r["new_tokens"] for r in mine[key].values()) or 0.0
+        seconds, tokens = seconds + s, tokens + n
+        if base:
+            bs = median(r["seconds"] for r in base[key].values()) or 0.0
+            bn = median(r["new_tokens"] for r in base[key].values()) or 0.0
+            base_seconds, base_tokens = base_seconds + bs, base_tokens + bn
+            mt, bt = _tpt(s, n), _tpt(bs, bn)
+            if mt and bt:
+                per_prompt.append(bt / mt)
+    mine_tpt, base_tpt = _tpt(seconds, tokens), _tpt(base_seconds, base_tokens)
+    speedup = base_tpt / mine_tpt if base and mine_tpt and base_tpt else None
+
+    # spread over repeats: each repeat summed over the shared prompts it has
+    repeats = sorted({int(r["repeat"]) for r in rows})
+    rep_tps: list[float] = []
+    rep_speedup: list[float] = []
+    for rep in repeats:
+        keys = [k for k in shared if rep in mine[k]]
+        ms = sum(mine[k][rep]["seconds"] for k in keys)
+        mn = sum(mine[k][rep]["new_tokens"] for k in keys)
+        if ms > 0:
+            rep_tps.append(mn / ms)
+        bkeys = [k for k in keys if rep in base.get(k, {})]
+        if bkeys and base:
+            bs = sum(base[k][rep]["seconds"] for k in bkeys)
+            bn = sum(base[k][rep]["new_tokens"] for k in bkeys)
+            ms2 = sum(mine[k][rep]["seconds"] for k in bkeys)
+            mn2 = sum(mine[k][rep]["new_tokens"] for k in bkeys)
+            if bn and mn2 and ms2:
+                rep_speedup.append((bs / bn) / (ms2 / mn2))
+
+    used = [r for k in shared for r in mine[k].values()]
+    pooled = Pooled.of(used)
+    first = rows[0]
+    n_tok = pooled["new_tokens"]
+    identical = [r["identical"] for r in used if r.get("identical") is not None]
+    margins = [r["divergence_margin"] for r in used if r.get("divergence_margin") is not None]
+    has_steps = pooled["target_forwards"] > 0
+    bleu_ar = [r["bleu_ar_stats"] for r in used if r.get("bleu_ar_stats")]
+    bleu_ref = [r["bleu_ref_stats"] for r in used if r.get("bleu_ref_stats")]
+    return MethodSummary(
+        label=first["label"],
+        method=first.get("method", first["label"]),
+        kind=first.get("kind", "draftsman"),
+        exactness=first.get("exactness", ""),
+        drafter=first.get("drafter"),
+        prompts=len(shared),
+        rows=len(used),
+        repeats=len(repeats),
+        new_tokens=tokens,
+        seconds=seconds,
+        tokens_per_second=ratio(tokens, seconds),
+        ms_per_token=1000 * mine_tpt if mine_tpt else None,
+        tokens_per_second_min=min(rep_tps) if rep_tps else None,
+        tokens_per_second_max=max(rep_tps) if rep_tps else None,
+        speedup=speedup,
+        speedup_median=median(per_prompt),
+        speedup_min=min(rep_speedup) if rep_speedup else None,
+        speedup_max=max(rep_speedup) if rep_speedup else None,
+        ttft_ms=(1000 * t if (t := median(r.get("ttft_seconds") for r in used)) else None),
+        alpha=pooled.alpha,
+        alpha_draft=pooled.alpha_draft,
+        acceptance_rate=ratio(pooled["accepted"], pooled["drafted"]),
+        tau=pooled.tau,
+        gamma=pooled.gamma,
+        cost_ratio=pooled.cost_ratio,
+        predicted_speedup=pooled.predicted_speedup,
+        oracle_speedup=pooled.oracle_speedup,
+        target_forwards_per_token=ratio(pooled["target_forwards"], n_tok) if has_steps else None,
+        draft_forwards_per_token=ratio(pooled["draft_forwards"], n_tok) if has_steps else None,
+        draft_share=pooled.share("draft_seconds") if has_steps else None,
+        verify_share=pooled.share("verify_seconds") if has_steps else None,
+        other_share=pooled.share("other_seconds") if has_steps else None,
+        peak_rss_mb=max((r["peak_rss_mb"] for r in used if r.get("peak_rss_mb")), default=None),
+        identical_rate=_mean(identical),
+        identical_known=len(identical),
+        divergence_margins=sorted(margins),
+        rouge_l_ar=_mean(r.get("rouge_l_ar") for r in used),
+        bleu_ar=corpus_bleu(bleu_ar),
+        rouge_l_ref=_mean(r.get("rouge_l_ref") for r in used),
+        bleu_ref=corpus_bleu(bleu_ref),
+        pass_at_1=_mean(r.get("pass_at_1") for r in used),
+        options=dict(first.get("options") or {}),
+    )
+
+
+def summarise(rows: list[Row], baseline_label: str = "autoregressive") -> list[MethodSummary]:
+    """Per-method summaries in first-measured order, the baseline first."""
+    by_label: dict[str, list[Row]] = {}
+    for row in rows:
+        by_label.setdefault(row["label"], []).append(row)
+    baseline = by_label.get(baseline_label, [])
+    order = sorted(by_label, key=lambda lab: lab != baseline_label)
+    return [summarise_label(by_label[lab], baseline) for lab in order]
+
+
+def datasets_of(rows: Iterable[Row]) -> list[str]:
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.setdefault(row.get("dataset", ""), None)
+    return list(seen)

@@ -1,0 +1,52 @@
+"""Named benchmark setups for `draftsman bench --preset NAME`.
+
+Explicit command-line options override a preset's values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The speculative configuration the demo pits against autoregressive decoding and
+# transformers. One constant: change it here once measurements name a better one.
+BEST_SPECULATIVE = "speculative:gamma=auto"
+
+
+@dataclass(frozen=True)
+class Preset:
+    description: str
+    methods: tuple[str, ...]
+    datasets: tuple[str, ...]
+    limit: int
+    max_new_tokens: int
+    repeats: int = 1
+    peers: tuple[str, ...] = ()
+
+
+PRESETS: dict[str, Preset] = {
+    "demo": Preset(
+        "a few HumanEval and MT-Bench prompts on the default pair: autoregressive vs the "
+        "best speculative configuration vs transformers (plain and assisted); a few minutes",
+        methods=(BEST_SPECULATIVE,),
+        datasets=("humaneval", "mt-bench"),
+        limit=2,
+        max_new_tokens=96,
+        peers=("hf:plain,assisted",),
+    ),
+    "speculative": Preset(
+        "the speculative family's table (issue 3): each drafter, fixed γ 1-7, every adaptive "
+        "controller and staged, on HumanEval and MT-Bench (first 20 each), with transformers; "
+        "hours on a 2-core CPU",
+        methods=(
+            "speculative:gamma=1|2|3|4|5|7",
+            "speculative:draft=ngram,gamma=1|2|3|4|5|7",
+            "speculative:draft=prompt-lookup,gamma=1|2|3|4|5|7",
+            "speculative:gamma=auto,gamma_policy=heuristic|acceptance|cost",
+            "staged:subdraft=ngram,gamma=4",
+        ),
+        datasets=("humaneval", "mt-bench"),
+        limit=20,
+        max_new_tokens=128,
+        peers=("hf",),
+    ),
+}

@@ -1,0 +1,171 @@
+"""The append-only `results.jsonl` of a benchmark folder, and the environment each row carries.
+
+Invariants:
+- One JSON object per line, one line per prompt x turn x method x repeat; rows are only ever
+  appended, each flushed and fsynced as soon as it is measured, so a crash loses at most the
+  row being written.
+- A line cut short by a crash is skipped when reading (and never glued to the next row: an
+  append first terminates an unterminated last line).
+- `row_key` identifies a measurement; `--resume` skips keys already present, and refuses a
+  folder whose rows were measured with different `settings`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from draftsman.errors import InvalidArgumentError
+
+RESULTS = "results.jsonl"
+
+Row = dict[str, Any]
+
+
+def row_key(row: Row) -> tuple[str, str, int]:
+    return (row["prompt_key"], row["label"], int(row["repeat"]))
+
+
+class ResultsFile:
+    def __init__(self, folder: str | Path) -> None:
+        self.path = Path(folder) / RESULTS
+        self.skipped_lines = 0
+
+    def exists(self) -> bool:
+        return self.path.is_file() and self.path.stat().st_size > 0
+
+    def rows(self) -> list[Row]:
+        if not self.path.is_file():
+            return []
+        out: list[Row] = []
+        self.skipped_lines = 0
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    self.skipped_lines += 1  # a row cut short by a crash
+                    continue
+                if isinstance(row, dict) and "label" in row:
+                    out.append(row)
+        return out
+
+    def append(self, row: Row) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(row, ensure_ascii=False, allow_nan=False, default=_jsonable)
+        with open(self.path, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            f.write(line.encode("utf-8") + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot store {type(value).__name__} in results.jsonl")
+
+
+def check_settings(rows: Iterable[Row], settings: dict[str, Any], folder: Path) -> None:
+    """Refuse to mix rows measured under different settings in one folder."""
+    for row in rows:
+        old = row.get("settings")
+        if old != settings:
+            diff = sorted(k for k in set(old or {}) | set(settings)
+                          if (old or {}).get(k) != settings.get(k))
+            raise InvalidArgumentError(
+                f"{folder} holds rows measured with other settings ({', '.join(diff)}); "
+                "resume with the same options or choose another --out")
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+    """The draftsman checkout's commit (with '+dirty' when it has local changes), if any."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def environment(dtype: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    import draftsman
+
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "dtype": dtype,
+        "draftsman": getattr(draftsman, "__version__", None),
+        "git_commit": git_commit(),
+    }
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's resident-set high-water mark (Linux >= 4.0); no-op elsewhere."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float | None:
+    """Peak resident memory since the last reset (VmHWM), else the process-lifetime peak."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except (ImportError, OSError):
+        return None

@@ -1,0 +1,350 @@
+"""`draftsman bench`: time every method on every prompt, side by side, and keep each row.
+
+Order of work (invariants):
+1. Everything that can fail or load is done before any timing: datasets, the engine, every
+   method's strategy (which loads draft models), the transformers peers.
+2. Warm-up: one short untimed generation per contestant.
+3. Interleaved timing: for each prompt (and turn), for each repeat, every contestant in turn
+   (A, B, C, A, B, C, ...), the baseline first, so drift on a noisy machine hits all alike.
+4. Each measurement becomes one row of `results.jsonl`, written and flushed at once with its
+   untimed extras (agreement with the baseline, logit margin at a divergence, quality).
+5. The summary, plots and HTML report are rebuilt from the whole file at the end.
+
+Multi-turn prompts (`turns="all"`, MT-Bench): turn k's conversation holds the contestant's
+own earlier answers, as a user of that method would see them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftsman.bench.contestants import Contestant, DraftsmanContestant, Outcome, Sampling
+from draftsman.bench.datasets import Prompt, load_dataset
+from draftsman.bench.metrics import step_metrics
+from draftsman.bench.peers import HFPeer, load_hf, parse_peers
+from draftsman.bench.quality import (
+    bleu_stats,
+    first_divergence,
+    logit_margin,
+    pass_at_1,
+    rouge_l,
+)
+from draftsman.bench.results import (
+    ResultsFile,
+    Row,
+    check_settings,
+    environment,
+    peak_rss_mb,
+    reset_peak_rss,
+    row_key,
+)
+from draftsman.bench.spec import BASELINE, parse_methods
+from draftsman.engine import DEFAULT_TARGET
+from draftsman.errors import ContextOverflowError, InvalidArgumentError
+from draftsman.strategies.base import GenerationConfig, check_fits
+
+DETERMINISTIC = ("ngram", "prompt-lookup")
+
+
+@dataclass
+class BenchConfig:
+    target: str = DEFAULT_TARGET
+    draft: str | None = None
+    methods: list[str] = field(default_factory=lambda: ["speculative"])
+    datasets: list[str] = field(default_factory=lambda: ["humaneval"])
+    limit: int | None = 5  # prompts per dataset (the first n)
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    repeats: int = 1
+    peers: list[str] = field(default_factory=list)
+    out: str = "bench-results"
+    threads: int | None = None
+    dtype: str = "bf16"
+    resume: bool = False
+    turns: str = "first"  # "first" or "all"
+    warmup_tokens: int = 8
+    progress: bool = True
+    pass_timeout: float = 10.0
+    command: str = ""
+
+    def settings(self) -> dict[str, Any]:
+        """What a row's numbers depend on; `--resume` requires these to match."""
+        return {"target": self.target, "draft": self.draft, "dtype": self.dtype,
+                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+                "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed,
+                "turns": self.turns, "threads": self.threads}
+
+    def sampling(self) -> Sampling:
+        return Sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+
+    def validate(self) -> None:
+        if self.repeats < 1:
+            raise InvalidArgumentError(f"repeats must be >= 1, got {self.repeats}")
+        if self.limit is not None and self.limit < 1:
+            raise InvalidArgumentError(f"limit must be >= 1, got {self.limit}")
+        if self.turns not in ("first", "all"):
+            raise InvalidArgumentError(f"turns must be 'first' or 'all', got {self.turns!r}")
+        if not self.datasets:
+            raise InvalidArgumentError("no dataset given")
+
+
+@dataclass
+class Unit:
+    """One prompt turn: what each contestant generates for, in every repeat."""
+
+    prompt: Prompt
+    turn: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.prompt.dataset}:{self.prompt.id}#{self.turn + 1}"
+
+
+@dataclass
+class BenchRun:
+    out: Path
+    rows: list[Row]
+    measured: int
+    skipped: list[str]
+    paths: dict[str, Path] = field(default_factory=dict)
+
+
+def load_prompts(config: BenchConfig) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for name in config.datasets:
+        prompts.extend(load_dataset(name, limit=config.limit))
+    if not prompts:
+        raise InvalidArgumentError("the datasets gave no prompts")
+    return prompts
+
+
+def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
+    draft = config.draft
+    contestants: list[Contestant] = [DraftsmanContestant(engine, m, draft)
+                                     for m in parse_methods(config.methods)]
+    variants = parse_peers(config.peers)
+    if variants:
+        target = load_hf(engine.target.folder, engine.dtype)
+        eos = engine.target.tokenizer.eos_token_ids
+        assistant = assistant_name = None
+        if "assisted" in variants:
+            assistant_name = draft if draft not in DETERMINISTIC else None
+            if assistant_name is None:
+                assistant_name = engine.default_draft()
+            assistant = load_hf(engine.model(assistant_name).folder, engine.dtype)
+        for v in variants:
+            drafter = {"assisted": assistant_name, "prompt-lookup": "prompt-lookup"}.get(v)
+            contestants.append(HFPeer(v, target, eos, assistant=assistant, drafter=drafter))
+    return contestants
+
+
+def prompt_hash(ids: list[int]) -> str:
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+class Bench:
+    """One benchmark run over a results folder (see the module docstring)."""
+
+    def __init__(self, config: BenchConfig, engine: Any | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self.out = Path(config.out)
+        self.results = ResultsFile(self.out)
+        self.settings = config.settings()
+        self.existing: list[Row] = []
+        if self.results.exists():
+            if not config.resume:
+                raise InvalidArgumentError(
+                    f"{self.results.path} already has results; pass --resume to continue "
+                    "that run, or choose another --out")
+            self.existing = self.results.rows()
+            check_settings(self.existing, self.settings, self.out)
+        self.prompts = load_prompts(config)
+        if engine is None:
+            import draftsman
+
+            model_draft = config.draft if config.draft not in DETERMINISTIC else None
+            engine = draftsman.load(config.target, draft=model_draft, dtype=config.dtype,
+                                    threads=config.threads)
+        self.engine = engine
+        self.tokenizer = engine.target.tokenizer
+        self.contestants = build_contestants(engine, config)
+        self.env = environment(config.dtype)
+        self.done = {row_key(r) for r in self.existing}
+        self.baseline: dict[tuple[str, int], Row] = {}
+        self.answers: dict[tuple[str, int, str], str] = {}  # (unit key, repeat, label)
+        for row in self.existing:
+            self._remember(row)
+        self.skipped: list[str] = []
+
+    # ---- bookkeeping ------------------------------------------------------------------
+    def _remember(self, row: Row) -> None:
+        if row["label"] == BASELINE:
+            self.baseline[(row["prompt_key"], int(row["repeat"]))] = row
+        self.answers[(row["prompt_key"], int(row["repeat"]), row["label"])] = row["text"]
+
+    def _baseline_for(self, key: str, repeat: int) -> Row | None:
+        row = self.baseline.get((key, repeat))
+        if row is None:
+            row = next((r for (k, _), r in sorted(self.baseline.items()) if k == key), None)
+        return row
+
+    def units(self) -> list[Unit]:
+        multi = self.config.turns == "all" and bool(self.tokenizer.chat_template)
+        if self.config.turns == "all" and not multi:
+            self.log("bench: the target has no chat template; timing first turns only")
+        return [Unit(p, t) for p in self.prompts
+                for t in range(len(p.turns) if multi and p.turns else 1)]
+
+    def prompt_ids(self, unit: Unit, repeat: int, label: str) -> list[int] | None:
+        """Token ids of the unit's conversation for this contestant, None if unavailable."""
+        p = unit.prompt
+        if unit.turn == 0:
+            return self.engine.encode_prompt(p.text)
+        messages: list[dict[str, str]] = []
+        for t in range(unit.turn):
+            answer = self.answers.get((Unit(p, t).key, repeat, label))
+            if answer is None:
+                return None
+            messages += [{"role": "user", "content": p.turns[t]},
+                         {"role": "assistant", "content": answer}]
+        messages.append({"role": "user", "content": p.turns[unit.turn]})
+        return self.engine.encode_prompt(messages)
+
+    def fits(self, ids: list[int]) -> bool:
+        try:
+            check_fits(self.engine.target.model, len(ids),
+                       GenerationConfig(self.config.max_new_tokens))
+        except ContextOverflowError:
+            return False
+        return True
+
+    # ---- the run ------------------------------------------------------------------------
+    def warm_up(self, units: list[Unit]) -> None:
+        ids = next((i for u in units if u.turn == 0
+                    for i in [self.engine.encode_prompt(u.prompt.text)] if self.fits(i)), None)
+        if ids is None:
+            return
+        for c in self.contestants:
+            c.warm_up(ids, self.config.sampling(), self.config.warmup_tokens)
+
+    def run(self) -> BenchRun:
+        from tqdm import tqdm
+
+        units = self.units()
+        reps = range(self.config.repeats)
+        todo = sum(1 for u in units for r in reps for c in self.contestants
+                   if (u.key, c.label, r) not in self.done)
+        measured = 0
+        if todo:
+            self.log(f"bench: warming up {len(self.contestants)} method(s)")
+            self.warm_up(units)
+        bar = tqdm(total=todo, desc="bench", unit="gen", disable=not self.config.progress,
+                   file=sys.stderr, dynamic_ncols=True)
+        try:
+            for unit in units:
+                for repeat in reps:
+                    for c in self.contestants:
+                        if (unit.key, c.label, repeat) in self.done:
+                            continue
+                        bar.set_postfix_str(f"{unit.key} {c.label}", refresh=False)
+                        if self.measure(unit, repeat, c):
+                            measured += 1
+                        bar.update(1)
+        except KeyboardInterrupt:
+            bar.close()
+            self.log(f"bench: interrupted; {measured} new row(s) kept in "
+                     f"{self.results.path}; continue with --resume")
+            raise
+        bar.close()
+        return BenchRun(self.out, self.results.rows(), measured, self.skipped)
+
+    def measure(self, unit: Unit, repeat: int, c: Contestant) -> bool:
+        ids = self.prompt_ids(unit, repeat, c.label)
+        if ids is None or not self.fits(ids):
+            why = "no earlier turn" if ids is None else "prompt too long"
+            self.skipped.append(f"{unit.key} {c.label} r{repeat}: {why}")
+            return False
+        seed = self.config.seed + repeat
+        reset_peak_rss()
+        outcome = c.run(ids, self.config.sampling(), seed)
+        row = self.make_row(unit, repeat, c, ids, seed, outcome)
+        row["peak_rss_mb"] = peak_rss_mb()
+        self.assess(row, unit, ids, outcome)
+        self.results.append(row)
+        self._remember(row)
+        self.done.add(row_key(row))
+        return True
+
+    def make_row(self, unit: Unit, repeat: int, c: Contestant, ids: list[int], seed: int,
+                 outcome: Outcome) -> Row:
+        n = len(outcome.token_ids)
+        p = unit.prompt
+        row: Row = {
+            "label": c.label, "method": c.method, "kind": c.kind, "exactness": c.exactness,
+            "drafter": c.drafter, "options": c.options,
+            "dataset": p.dataset, "task": p.task, "prompt_id": p.id,
+            "prompt_key": unit.key, "turn": unit.turn + 1,
+            "repeat": repeat, "seed": seed,
+            "prompt_tokens": len(ids), "prompt_hash": prompt_hash(ids),
+            "new_tokens": n, "token_ids": outcome.token_ids,
+            "text": self.tokenizer.decode(outcome.token_ids), "finish": outcome.finish,
+            "seconds": outcome.seconds, "ttft_seconds": outcome.ttft_seconds,
+            "tokens_per_second": n / outcome.seconds if outcome.seconds > 0 else None,
+            "ms_per_token": 1000 * outcome.seconds / n if n else None,
+        }
+        if outcome.steps is not None:
+            row.update(step_metrics(outcome.steps))
+        row.update(settings=self.settings, env=self.env,
+                   measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        return row
+
+    def assess(self, row: Row, unit: Unit, ids: list[int], outcome: Outcome) -> None:
+        """Untimed extras: agreement with the baseline, margin at a divergence, quality."""
+        p = unit.prompt
+        base = None if row["label"] == BASELINE else self._baseline_for(unit.key, row["repeat"])
+        if base is not None:
+            mine, theirs = outcome.token_ids, base["token_ids"]
+            same_prompt = base["prompt_hash"] == row["prompt_hash"]
+            at = first_divergence(mine, theirs) if same_prompt else 0
+            row["identical"] = same_prompt and at is None
+            row["divergence_index"] = at
+            greedy = self.config.temperature == 0
+            if same_prompt and at is not None and greedy and at < min(len(mine), len(theirs)):
+                m = logit_margin(self.engine.target.model, ids + mine[:at])
+                row["divergence_margin"] = m.margin
+                row["divergence_tokens"] = {"method": mine[at], "baseline": theirs[at],
+                                            "target_top1": m.top1, "target_top2": m.top2}
+            row["rouge_l_ar"] = rouge_l(row["text"], base["text"])
+            row["bleu_ar_stats"] = bleu_stats(row["text"], base["text"])
+        reference = p.reference if unit.turn == 0 else None
+        refs = p.metadata.get("references") if isinstance(p.metadata, dict) else None
+        if unit.turn > 0 and isinstance(refs, list) and unit.turn < len(refs):
+            reference = refs[unit.turn]
+        if reference:
+            row["rouge_l_ref"] = rouge_l(row["text"], reference)
+            row["bleu_ref_stats"] = bleu_stats(row["text"], reference)
+        if unit.turn == 0 and {"entry_point", "test"} <= set(p.metadata):
+            row["pass_at_1"] = pass_at_1(row["text"], p.metadata, self.config.pass_timeout)
+
+
+def run_bench(config: BenchConfig, engine: Any | None = None,
+              log: Callable[[str], None] | None = None) -> BenchRun:
+    """Measure (or resume), then write summary.md, the plots and report.html."""
+    from draftsman.bench.report import write_report
+
+    bench = Bench(config, engine, log)
+    result = bench.run()
+    result.paths = write_report(result.out, result.rows, asdict(config))
+    return result
