@@ -20,6 +20,23 @@ from draftsman.models.config import ModelConfig
 ALL = slice(None)
 LAST = slice(-1, None)
 
+# Without AVX-512 BF16, PyTorch's CPU bf16 matmul has no native dot product and its cost grows
+# linearly with the rows: a 128-token prefill costs 4x the same matmul done in float32 on
+# upcast weights. Short batches (decode, verify) stay in bf16, where reading half the bytes wins.
+UPCAST_MIN_ROWS = 32
+_NATIVE_BF16 = "AVX512" in torch.backends.cpu.get_cpu_capability()
+
+
+class Linear(nn.Linear):
+    """nn.Linear; long bf16 batches on CPUs without native bf16 compute run in float32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype == torch.bfloat16 and not _NATIVE_BF16 and x.device.type == "cpu"
+                and x.numel() >= UPCAST_MIN_ROWS * x.shape[-1]):
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+        return F.linear(x, self.weight, self.bias)
+
 
 @dataclass
 class Output:

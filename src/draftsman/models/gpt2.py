@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsman.cache import KVCache
-from draftsman.models.base import DecoderLM, cached_attention
+from draftsman.models.base import DecoderLM, Linear, cached_attention
 from draftsman.models.config import ModelConfig
 
 
@@ -19,8 +19,8 @@ class Attention(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.head_dim = c.num_heads, c.head_dim
-        self.c_attn = nn.Linear(c.hidden_size, 3 * c.hidden_size)
-        self.c_proj = nn.Linear(c.hidden_size, c.hidden_size)
+        self.c_attn = Linear(c.hidden_size, 3 * c.hidden_size)
+        self.c_proj = Linear(c.hidden_size, c.hidden_size)
 
     def forward(self, x, cache: KVCache, layer: int, start: int, mask) -> torch.Tensor:
         b, t, h = x.shape
@@ -32,8 +32,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(c.hidden_size, c.intermediate_size)
-        self.c_proj = nn.Linear(c.intermediate_size, c.hidden_size)
+        self.c_fc = Linear(c.hidden_size, c.intermediate_size)
+        self.c_proj = Linear(c.intermediate_size, c.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
@@ -60,7 +60,7 @@ class GPT2Model(DecoderLM):
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

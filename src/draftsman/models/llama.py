@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsman.cache import KVCache
-from draftsman.models.base import DecoderLM, cached_attention
+from draftsman.models.base import DecoderLM, Linear, cached_attention
 from draftsman.models.config import ModelConfig
 from draftsman.models.rope import RotaryTable, apply_rotary
 
@@ -35,8 +35,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.qkv_proj = nn.Linear(c.hidden_size, q_dim + 2 * kv_dim, bias=c.attention_bias)
-        self.o_proj = nn.Linear(q_dim, c.hidden_size, bias=False)
+        self.qkv_proj = Linear(c.hidden_size, q_dim + 2 * kv_dim, bias=c.attention_bias)
+        self.o_proj = Linear(q_dim, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
         self.split = (q_dim, kv_dim, kv_dim)
@@ -57,8 +57,8 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_up_proj = Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -85,7 +85,7 @@ class LlamaModel(DecoderLM):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self._max_positions = max_positions or config.max_position_embeddings
