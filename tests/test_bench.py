@@ -88,8 +88,18 @@ def test_step_metrics_alpha_tau_gamma_and_prediction():
     assert m["new_tokens"] == 14 and m["tau"] == pytest.approx(14 / 5)
     assert m["gamma"] == 4.0
     assert m["cost_ratio"] == pytest.approx(0.01 / 0.1)
+    assert m["guess_cost"] == pytest.approx(0.01 / 0.1)
     assert m["predicted_speedup"] == pytest.approx(expected_speedup(0.75, 4, 0.1))
     assert m["accepted_runs"] == [4, 2, 0, 3] and m["gammas"] == [4, 4, 4, 4]
+
+
+def test_prediction_for_drafters_without_forwards():
+    steps = spec_steps([(4, 4, False), (4, 1, True)], draft_s=0.001)
+    for s in steps:
+        s.draft_forwards = 0  # an n-gram drafter: guesses cost time but no forward
+    m = metrics.step_metrics(steps)
+    assert m["cost_ratio"] is None and m["guess_cost"] == pytest.approx(0.01)
+    assert m["predicted_speedup"] == pytest.approx(expected_speedup(5 / 6, 4, 0.01))
 
 
 def test_staged_alpha_per_stage():

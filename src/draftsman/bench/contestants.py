@@ -82,7 +82,7 @@ class DraftsmanContestant(Contestant):
             label=config.label, method=config.method,
             kind="baseline" if config.method == BASELINE else "draftsman",
             exactness=getattr(strategy, "exactness", "exact"),
-            drafter=str(drafter) if drafter is not None else None,
+            drafter=display_name(drafter),
             options={k: v for k, v in config.options},
         )
 
@@ -119,6 +119,14 @@ class DraftsmanContestant(Contestant):
             finish = event.finish
         seconds = time.perf_counter() - t0
         return Outcome(ids, seconds, ttft, steps, finish or "length")
+
+
+def display_name(model: object | None) -> str | None:
+    """A model spec as tables show it: a folder or file path by its last component."""
+    if model is None:
+        return None
+    text = str(model).rstrip("/")
+    return text.rsplit("/", 1)[-1] if "/" in text and not text.startswith("hf:") else text
 
 
 def _default_draft_name(engine: Any) -> str | None:

@@ -13,6 +13,12 @@ Per method (`summarise`), over the prompts both it and the baseline measured:
   (`speedup_min`, `speedup_max`) is over repeats, each repeat summed over all prompts;
 - α, τ, γ, c are pooled over every Step of every row (sums of counts, then ratios), and the
   predicted speedup is `theory.expected_speedup(α, γ, c)` with those measured values.
+
+c for the prediction (`guess_cost`) is the drafting time per *guess* over the target's time
+per *decode* forward (prefill excluded): the paper's c for a draft model (one forward per
+guess), and still meaningful for drafters without forwards (n-gram: c ≈ 0) and for cascades
+(a middle-model forward yields several guesses). `cost_ratio` stays the engine's per-forward
+`Stats.cost_ratio`.
 """
 
 from __future__ import annotations
@@ -34,14 +40,20 @@ Row = dict[str, Any]
 # counts a row stores so that methods can be pooled by summing
 COUNTS = ("new_tokens", "seconds", "steps", "target_forwards", "draft_forwards", "drafted",
           "accepted", "rejections", "drafting_steps", "draft_seconds", "verify_seconds",
-          "other_seconds", "sub_drafted", "sub_accepted", "sub_rejections")
+          "other_seconds", "sub_drafted", "sub_accepted", "sub_rejections",
+          "decode_verify_seconds", "decode_target_forwards")
 
 
 def step_metrics(steps: Sequence[Step]) -> dict[str, Any]:
     """Everything a row records about its Steps (counts plus the per-row ratios)."""
     stats = Stats.from_steps(list(steps))
     out = stats.as_dict()
-    out["predicted_speedup"] = predicted(stats.alpha, stats.mean_gamma, stats.cost_ratio)
+    decode = [s for s in steps if not s.prefill]
+    out["decode_verify_seconds"] = sum(s.verify_seconds for s in decode)
+    out["decode_target_forwards"] = sum(s.target_forwards for s in decode)
+    out["guess_cost"] = guess_cost(stats.draft_seconds, stats.drafted,
+                                   out["decode_verify_seconds"], out["decode_target_forwards"])
+    out["predicted_speedup"] = predicted(stats.alpha, stats.mean_gamma, out["guess_cost"])
     sub = {k: sum(int(s.extra.get(k, 0)) for s in steps)
            for k in ("sub_drafted", "sub_accepted", "sub_rejections")}
     out.update(sub)
@@ -49,6 +61,14 @@ def step_metrics(steps: Sequence[Step]) -> dict[str, Any]:
     out["accepted_runs"] = [s.accepted for s in steps if s.drafted]
     out["gammas"] = [int(s.extra["gamma"]) for s in steps if "gamma" in s.extra]
     return out
+
+
+def guess_cost(draft_seconds: float, drafted: float, verify_seconds: float,
+               forwards: float) -> float | None:
+    """Seconds per drafted guess / seconds per target decode forward."""
+    if not drafted or not forwards or not verify_seconds:
+        return None
+    return (draft_seconds / drafted) / (verify_seconds / forwards)
 
 
 def ratio(num: float, den: float) -> float | None:
@@ -110,12 +130,17 @@ class Pooled:
             self["verify_seconds"] / self["target_forwards"])
 
     @property
+    def guess_cost(self) -> float | None:
+        return guess_cost(self["draft_seconds"], self["drafted"],
+                          self["decode_verify_seconds"], self["decode_target_forwards"])
+
+    @property
     def predicted_speedup(self) -> float | None:
-        return predicted(self.alpha, self.gamma, self.cost_ratio)
+        return predicted(self.alpha, self.gamma, self.guess_cost)
 
     @property
     def oracle_speedup(self) -> float | None:
-        c = self.cost_ratio
+        c = self.guess_cost
         return oracle_speedup_from_runs(self.runs, c) if self.runs and c is not None else None
 
     def share(self, key: str) -> float | None:
@@ -149,6 +174,7 @@ class MethodSummary:
     tau: float | None
     gamma: float | None
     cost_ratio: float | None
+    guess_cost: float | None
     predicted_speedup: float | None
     oracle_speedup: float | None
     target_forwards_per_token: float | None
@@ -261,6 +287,7 @@ def summarise_label(rows: list[Row], baseline: list[Row]) -> MethodSummary:
         tau=pooled.tau,
         gamma=pooled.gamma,
         cost_ratio=pooled.cost_ratio,
+        guess_cost=pooled.guess_cost,
         predicted_speedup=pooled.predicted_speedup,
         oracle_speedup=pooled.oracle_speedup,
         target_forwards_per_token=ratio(pooled["target_forwards"], n_tok) if has_steps else None,

@@ -46,7 +46,7 @@ def plot_speedup_vs_gamma(summaries: list[MethodSummary], path: Path) -> bool:
     for i, (name, group) in enumerate(sorted(groups.items())):
         colour = f"C{i % 10}"
         alphas = [s.alpha for s in group if s.alpha is not None]
-        costs = [s.cost_ratio for s in group if s.cost_ratio is not None]
+        costs = [s.guess_cost for s in group if s.guess_cost is not None]
         if alphas and costs:
             a, c = statistics.median(alphas), statistics.median(costs)
             ax.plot(gammas, [expected_speedup(a, g, c) for g in gammas], color=colour,
@@ -88,8 +88,9 @@ def plot_throughput(summaries: list[MethodSummary], path: Path) -> bool:
                for s in shown]
     ax.barh(ys, values, xerr=[low, high], color=colours, capsize=3)
     ax.set_yticks(ys, [s.label for s in shown], fontsize=7)
-    for y, v in zip(ys, values, strict=True):
-        ax.text(v, y, f" {v:.1f}", va="center", fontsize=7)
+    for y, v, h in zip(ys, values, high, strict=True):
+        ax.text(v + h, y, f"  {v:.1f}", va="center", fontsize=7)
+    ax.set_xlim(0, max(v + h for v, h in zip(values, high, strict=True)) * 1.15)
     ax.set_xlabel("tokens / s (grey: autoregressive, orange: transformers)")
     ax.set_title("Throughput per method")
     ax.grid(axis="x", alpha=0.3)

@@ -81,14 +81,17 @@ def speed_table(summaries: list[MethodSummary], title: str = "Speed") -> Table:
 
 def time_table(summaries: list[MethodSummary]) -> Table:
     rows = [[s.label, num(s.target_forwards_per_token), num(s.draft_forwards_per_token),
-             pct(s.draft_share), pct(s.verify_share), pct(s.other_share), num(s.cost_ratio, 3),
-             num(s.ttft_ms, 0), num(s.peak_rss_mb, 0)] for s in summaries]
+             pct(s.draft_share), pct(s.verify_share), pct(s.other_share), num(s.guess_cost, 3),
+             num(s.cost_ratio, 3), num(s.ttft_ms, 0), num(s.peak_rss_mb, 0)]
+            for s in summaries]
     return Table("Where the time goes",
                  ["method", "target fwd/token", "draft fwd/token", "draft", "verify", "other",
-                  "c", "TTFT ms", "peak RSS MB"], rows,
-                 "Shares of wall time from the Steps' timers; c: seconds per draft forward / "
-                 "seconds per target forward. Peak RSS is the process high-water mark "
-                 "during the generation (all loaded models included).")
+                  "c", "c/forward", "TTFT ms", "peak RSS MB"], rows,
+                 "Shares of wall time from the Steps' timers. c (used for the prediction): "
+                 "drafting seconds per guess / seconds per target decode forward; c/forward: "
+                 "per draft-model forward (the engine's cost_ratio, prefill included). Peak "
+                 "RSS is the process high-water mark during the generation (all loaded "
+                 "models included).")
 
 
 def staged_table(summaries: list[MethodSummary]) -> Table | None:

@@ -24,7 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftsman.bench.contestants import Contestant, DraftsmanContestant, Outcome, Sampling
+from draftsman.bench.contestants import (
+    Contestant,
+    DraftsmanContestant,
+    Outcome,
+    Sampling,
+    display_name,
+)
 from draftsman.bench.datasets import Prompt, load_dataset
 from draftsman.bench.metrics import step_metrics
 from draftsman.bench.peers import HFPeer, load_hf, parse_peers
@@ -142,7 +148,8 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
                 assistant_name = engine.default_draft()
             assistant = load_hf(engine.model(assistant_name).folder, engine.dtype)
         for v in variants:
-            drafter = {"assisted": assistant_name, "prompt-lookup": "prompt-lookup"}.get(v)
+            drafter = {"assisted": display_name(assistant_name),
+                       "prompt-lookup": "prompt-lookup"}.get(v)
             contestants.append(HFPeer(v, target, eos, assistant=assistant, drafter=drafter))
     return contestants
 
