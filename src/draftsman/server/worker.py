@@ -244,20 +244,22 @@ class Scheduler:
                     self._all.discard(job)
 
     def _run(self, job: Job) -> None:
+        """Generate until done or cancelled; always ends with one `Finished` (invariant)."""
         job.started_at = time.perf_counter()
         queued = job.started_at - job.enqueued_at
         error: BaseException | None = None
-        events = self.engine.run(job.request)
         try:
-            for event in events:
-                if job.cancelled:
-                    break
-                job.emit(event)
+            events = self.engine.run(job.request)
+            try:
+                for event in events:
+                    if job.cancelled:
+                        break  # closing the iterator stops generation at this step
+                    job.emit(event)
+            finally:
+                events.close()
         except Exception as exc:  # reported to the client; the worker keeps serving
             log.exception("generation failed")
             error = exc
-        finally:
-            events.close()
         seconds = time.perf_counter() - job.started_at
         self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * seconds
         job.emit(Finished(cancelled=job.cancelled, queue_seconds=queued, run_seconds=seconds,
