@@ -79,3 +79,113 @@ class ParallelPrompt(Strategy):
                 extra={**extra, "state": res.state, "rows": res.rows},
             )
             root, guesses = res.next_token, res.guesses
+
+
+# ----------------------------------------------------------------------------- building
+
+DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.float16": "fp16"}
+
+
+def resolve_prompt_tokens(spec: str | None, bundle, count: int, epts: int, seed: int):
+    """A folder, "random" (untrained, from vocabulary embeddings: for tests and ablations),
+    or None: the prompt tokens saved beside the model or shipped for its catalogue name."""
+    from draftsman.errors import InvalidArgumentError
+    from draftsman.proposers.prompt_tokens import PromptTokens, find_prompt_tokens
+
+    if spec == "random":
+        return PromptTokens.from_vocabulary(bundle.model, count, epts, seed)
+    folder = spec or find_prompt_tokens(bundle.folder, bundle.name)
+    if folder is None:
+        raise InvalidArgumentError(
+            f"no prompt tokens for {bundle.name}: train them with `draftsman train "
+            "prompt-tokens`, pass --option prompt_tokens=FOLDER, or prompt_tokens=random")
+    return PromptTokens.load(folder)
+
+
+def select_trees(prompts, model: DecoderLM, model_name: str, kind: str, size: str | int,
+                 dtype: str, seed: int = 0):
+    """The TreeSet to run: cached in trees.json when calibrated (else built from the prior
+    accuracies); size "auto" maximises τ(n) / L_fp(n) with this machine's latency profile
+    (measured and saved on first use, see `draftsman profile`)."""
+    import torch
+
+    from draftsman.errors import InvalidArgumentError
+    from draftsman.sparse_tree import (
+        KINDS,
+        PRIOR_ACCURACY,
+        TreeSet,
+        choose_size,
+        load_profile,
+        make_trees,
+        measure_latency,
+        profile_path,
+        save_profile,
+    )
+
+    if kind not in KINDS:
+        raise InvalidArgumentError(f"tree must be one of {', '.join(KINDS)}, got {kind!r}")
+    table = prompts.trees() or {}
+    acc = table.get("accuracy", PRIOR_ACCURACY)[: prompts.count]
+    cached = {int(n): t for n, t in table.get(kind, {}).items()} if kind != "random" else {}
+    if size == "auto":
+        sizes = sorted(cached) or list(range(1, 49))
+        tau = {n: (cached[n]["tau"] if n in cached else
+                   make_trees(kind, acc, prompts.count, n, prompts.epts, seed).tau)
+               for n in sizes}
+        threads = torch.get_num_threads()
+        path = profile_path(model_name, dtype, threads)
+        latency = load_profile(path)
+        if latency is None:
+            latency = measure_latency(model, [1, 2, 4, 8, 16, 24, 32, 48], 128, 2)
+            save_profile(path, latency, {"model": model_name, "dtype": dtype,
+                                         "threads": threads, "context": 128, "repeats": 2})
+        rows = choose_size(tau, latency)
+    else:
+        try:
+            rows = int(size)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"tree_size must be an integer or auto, got {size!r}") from None
+        if rows < 1:
+            raise InvalidArgumentError("tree_size must be >= 1")
+    if rows in cached:
+        return TreeSet.from_json(cached[rows])
+    return make_trees(kind, acc, prompts.count, rows, prompts.epts, seed)
+
+
+def build(engine, options: dict) -> Strategy:
+    """Registry builder: `--method parallel-prompt [--option KEY=VALUE ...]`.
+
+    Options: prompt_tokens (folder | random), tree (dynamic | static | random), tree_size
+    (rows per forward or auto), count / epts / seed (random prompt tokens), threshold /
+    typical_alpha (typical acceptance), and for the speculative combination draft (a model
+    whose own prompt tokens draft), draft_prompt_tokens, draft_tree_size, gamma.
+    """
+    from draftsman.proposers.prompt_tokens import PromptTokenDraftProposer
+    from draftsman.strategies.gamma import make_policy
+    from draftsman.strategies.registry import _int, _take
+    from draftsman.strategies.speculative import Speculative
+
+    o = _take(options, "parallel-prompt", {
+        "prompt_tokens": None, "tree": "dynamic", "tree_size": "auto", "count": 3, "epts": 1,
+        "seed": 0, "threshold": 0.09, "typical_alpha": 0.3, "draft": None,
+        "draft_prompt_tokens": None, "draft_tree_size": "auto", "gamma": 6, "max_gamma": 12})
+    dtype = DTYPE_NAMES.get(str(engine.dtype), "bf16")
+    count, epts, seed = _int(o["count"], "count"), _int(o["epts"], "epts"), _int(
+        o["seed"], "seed", 0)
+    if o["draft"]:
+        bundle = engine.model(str(o["draft"]))
+        prompts = resolve_prompt_tokens(o["draft_prompt_tokens"], bundle, count, epts, seed)
+        trees = select_trees(prompts, bundle.model, bundle.name, str(o["tree"]),
+                             o["draft_tree_size"], dtype, seed)
+        proposer = PromptTokenDraftProposer(TreeDecoder(bundle.model, prompts, trees.states))
+        policy = make_policy(o["gamma"], None, _int(o["max_gamma"], "max_gamma"))
+        policy.max_gamma = max(policy.max_gamma, policy.gamma)
+        return Speculative(engine.target.model, proposer, policy)
+    target = engine.target
+    prompts = resolve_prompt_tokens(o["prompt_tokens"], target, count, epts, seed)
+    trees = select_trees(prompts, target.model, target.name, str(o["tree"]), o["tree_size"],
+                         dtype, seed)
+    typical = TypicalAcceptance(float(o["threshold"]), float(o["typical_alpha"]))
+    info = {"tree": trees.kind, "tree_rows": trees.rows, "predicted_tau": trees.tau}
+    return ParallelPrompt(TreeDecoder(target.model, prompts, trees.states), typical, info)

@@ -1,0 +1,96 @@
+"""`draftsman profile`: forward latency vs input length on this machine (L_fp(n)).
+
+Parallel prompt decoding picks its tree size n to maximise τ(n) / L_fp(n) (Chen et al.,
+section 4.2). τ(n) comes from the prompt tokens' calibration (trees.json); L_fp(n) is
+measured here, once per model / dtype / thread count, and saved under
+$DRAFTSMAN_HOME/profiles/ where the `parallel-prompt` strategy finds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from draftsman.engine import DEFAULT_TARGET
+from draftsman.errors import InvalidArgumentError
+
+DEFAULT_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def parse_lengths(text: str) -> list[int]:
+    try:
+        out = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--lengths wants integers separated by commas: {text!r}") from None
+    if not out or out[0] < 1:
+        raise InvalidArgumentError("--lengths must be positive integers")
+    return out
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile", help="measure forward latency vs input length (hardware-aware trees)",
+        description="Time one target forward over n new tokens after a fixed context, for "
+                    "each n, and save the curve for parallel-prompt's tree-size choice.")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (default: all cores); profiles are per thread count")
+    p.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
+                   help="input lengths to time, comma separated")
+    p.add_argument("--context", type=int, default=256, help="cached tokens before the input")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompt-tokens", default=None,
+                   help="prompt tokens folder: also print predicted speedups per tree size")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftsman.engine import load_bundle
+    from draftsman.sparse_tree import measure_latency, profile_path, save_profile
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidArgumentError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    lengths = parse_lengths(args.lengths)
+    bundle = load_bundle(args.target, args.dtype)
+    latency = measure_latency(bundle.model, lengths, args.context, args.repeats)
+    threads = torch.get_num_threads()
+    path = profile_path(bundle.name, args.dtype, threads)
+    save_profile(path, latency, {"model": bundle.name, "dtype": args.dtype, "threads": threads,
+                                 "context": args.context, "repeats": args.repeats})
+    speed = _predicted(args.prompt_tokens, latency)
+    if args.json:
+        print(json.dumps({"profile": str(path), "latency": latency, "predicted": speed}))
+        return 0
+    base = latency[lengths[0]]
+    print(f"{'n':>4} {'ms':>9} {'x L(1)':>7}")
+    for n in lengths:
+        print(f"{n:>4} {latency[n] * 1e3:>9.1f} {latency[n] / base:>7.2f}")
+    if speed:
+        print(f"\n{'rows':>4} {'tau':>6} {'speedup':>8}")
+        for n, (tau, s) in speed.items():
+            print(f"{n:>4} {tau:>6.2f} {s:>8.2f}")
+    print(f"saved {path}", file=sys.stderr)
+    return 0
+
+
+def _predicted(folder: str | None, latency: dict[int, float]) -> dict[int, tuple[float, float]]:
+    """tree rows -> (τ(n), predicted speedup) from the prompt tokens' cached trees."""
+    if not folder:
+        return {}
+    from draftsman.proposers.prompt_tokens import PromptTokens
+    from draftsman.sparse_tree import predicted_speedups
+
+    table = PromptTokens.load(folder).trees()
+    if not table:
+        raise InvalidArgumentError(f"{folder} has no trees.json (calibrate the prompt tokens)")
+    tau = {int(n): t["tau"] for n, t in table["dynamic"].items()}
+    speed = predicted_speedups(tau, latency)
+    return {n: (tau[n], speed[n]) for n in sorted(tau)}

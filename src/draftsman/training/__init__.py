@@ -1,0 +1,1 @@
+"""Training: small learned pieces on top of a frozen target (prompt tokens, ...)."""
