@@ -95,10 +95,17 @@ def build_big_little(engine: Engine, options: dict[str, Any]) -> Strategy:
     return BigLittle(engine.target.model, engine.model(draft).model, config)
 
 
+def build_parallel_prompt(engine: Engine, options: dict[str, Any]) -> Strategy:
+    from draftsman.strategies.parallel_prompt import build
+
+    return build(engine, options)
+
+
 BUILDERS = {
     "autoregressive": build_autoregressive,
     "speculative": build_speculative,
     "staged": build_staged,
+    "parallel-prompt": build_parallel_prompt,
     "big-little": build_big_little,
 }
 
