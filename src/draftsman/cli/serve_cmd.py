@@ -33,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_method_args(p)
     p.set_defaults(method=None)
+    for action in p._actions:  # the server's default differs from `generate`'s
+        if action.dest == "method":
+            action.help = ("default method of requests that name none (default: speculative "
+                           "with --draft, the catalogue draft, or prompt-lookup)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--served-model-name", default=None,

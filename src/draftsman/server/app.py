@@ -193,7 +193,7 @@ class Server:
         if method in BUILDERS:
             call.method = method
         ids = self.encode(body)
-        top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+        top_k = 0 if body.top_k in (None, -1) else body.top_k  # -1: off, as in vLLM
         request = self.engine.prepare(
             ids, method=method, max_new_tokens=self.max_new_tokens(body, len(ids)),
             temperature=body.temperature, top_k=top_k, top_p=body.top_p, seed=body.seed,
