@@ -1,12 +1,14 @@
 """GGUF -> Hugging Face-style folder (config.json, tokenizer, model.safetensors).
 
-Supported GGUF architectures: `llama`, `qwen2`, `qwen3`. The output loads as-is with
+Supported GGUF architectures: `llama`, `qwen2`, `qwen3` (not `gpt2`, nor llama-3 style
+`rope_freqs` tensors: those stop with UnsupportedError). The output loads as-is with
 `AutoTokenizer.from_pretrained(folder)` and `AutoModelForCausalLM.from_pretrained(folder)`.
 
-Weights are dequantised tensor by tensor and streamed into one safetensors file, so peak
-memory is a few tensors, not the model in float32. The converter is exact up to the final
-cast: each output tensor is `dequantize(gguf) -> float32 -> dtype`, with llama's Q/K rotary
-permutation undone (a pure reordering of rows).
+Weights are dequantised one tensor at a time and written into their place in a single
+safetensors file, so peak memory is about one tensor in float32, not the whole model. The
+converter is exact up to the final cast: each output tensor is `dequantize(gguf) -> float32
+-> dtype` (round to nearest even), with llama's Q/K rotary permutation undone (a pure
+reordering of rows).
 """
 
 from __future__ import annotations
