@@ -102,9 +102,11 @@ class CostModelGamma(GammaPolicy):
             m = self.memory
             self.accepts = m * self.accepts + fb.accepted
             self.trials = m * self.trials + fb.accepted + (1 if fb.rejected else 0)
-            if fb.draft_forwards and fb.verify_seconds > 0:
+            if fb.verify_seconds > 0:
+                # c per drafted token (a model drafter spends one forward per token; n-gram
+                # and lookup drafters almost nothing) relative to a one-token target forward
                 one_token = fb.verify_seconds / verify.get(fb.drafted + 1, 1.0)
-                c = (fb.draft_seconds / fb.draft_forwards) / one_token
+                c = (fb.draft_seconds / fb.drafted) / one_token
                 self.cost = m * self.cost + (1 - m) * c
             self.idle = 0
         self.gamma = max(range(0, self.max_gamma + 1), key=lambda g: expected_tokens_per_step(

@@ -12,8 +12,9 @@ from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.proposers.staged import StagedProposer
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.base import Strategy
-from draftsman.strategies.gamma import make_policy
+from draftsman.strategies.gamma import CostModelGamma, GammaPolicy, make_policy
 from draftsman.strategies.speculative import Speculative
+from draftsman.strategies.verify_cost import verify_cost_curve
 
 if TYPE_CHECKING:
     from draftsman.engine import Engine
@@ -48,6 +49,12 @@ def _int(value: Any, name: str, minimum: int = 1) -> int:
     return out
 
 
+def _calibrate(policy: GammaPolicy, engine: Engine) -> None:
+    """The cost-model policy needs this machine's verify cost curve."""
+    if isinstance(policy, CostModelGamma):
+        policy.verify_cost = verify_cost_curve(engine, policy.max_gamma + 1)
+
+
 def build_autoregressive(engine: Engine, options: dict[str, Any]) -> Strategy:
     _take(options, "autoregressive", {})
     return Autoregressive(engine.target.model)
@@ -59,7 +66,9 @@ def build_speculative(engine: Engine, options: dict[str, Any]) -> Strategy:
     spec = o["draft"] or o["drafter"] or engine.default_draft()
     policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
     policy.max_gamma = max(policy.max_gamma, policy.gamma)
-    return Speculative(engine.target.model, make_proposer(str(spec), engine), policy)
+    proposer = make_proposer(str(spec), engine)
+    _calibrate(policy, engine)
+    return Speculative(engine.target.model, proposer, policy)
 
 
 def build_staged(engine: Engine, options: dict[str, Any]) -> Strategy:
@@ -72,6 +81,7 @@ def build_staged(engine: Engine, options: dict[str, Any]) -> Strategy:
     middle = StagedProposer(engine.model(draft).model, sub, _int(o["subgamma"], "subgamma"))
     policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
     policy.max_gamma = max(policy.max_gamma, policy.gamma)
+    _calibrate(policy, engine)
     return Speculative(engine.target.model, middle, policy)
 
 
@@ -101,12 +111,19 @@ def build_parallel_prompt(engine: Engine, options: dict[str, Any]) -> Strategy:
     return build(engine, options)
 
 
+def build_pipelined(engine: Engine, options: dict[str, Any]) -> Strategy:
+    from draftsman.strategies.pipelined import build
+
+    return build(engine, options)
+
+
 BUILDERS = {
     "autoregressive": build_autoregressive,
     "speculative": build_speculative,
     "staged": build_staged,
     "parallel-prompt": build_parallel_prompt,
     "big-little": build_big_little,
+    "pipelined": build_pipelined,
 }
 
 

@@ -1,0 +1,46 @@
+"""The target's verify cost curve v(n) = L(n) / L(1), measured once per model, dtype and
+thread count and cached under $DRAFTSMAN_HOME/profiles (the same file `draftsman profile`
+writes). The cost-model γ policy needs it: on a memory-bound GPU v(n) ≈ 1 for small n, on
+CPUs without native bf16 matmuls v(n) grows almost linearly, and the best γ differs."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import torch
+
+from draftsman.sparse_tree import (
+    interpolate,
+    load_profile,
+    measure_latency,
+    profile_path,
+    save_profile,
+)
+
+if TYPE_CHECKING:
+    from draftsman.engine import Engine
+
+PROFILE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}.get(
+        dtype, str(dtype))
+
+
+def verify_cost_curve(engine: Engine, max_tokens: int) -> dict[int, float]:
+    """{n: cost of verifying n tokens / cost of one token} for n = 1..max_tokens."""
+    threads = torch.get_num_threads()
+    path = profile_path(engine.target.name, dtype_name(engine.dtype), threads)
+    latency = load_profile(path)
+    if latency is None or 1 not in latency:
+        print(f"draftsman: measuring {engine.target.name}'s verify cost once "
+              f"(saved to {path})", file=sys.stderr)
+        latency = measure_latency(engine.target.model, PROFILE_LENGTHS, context=64,
+                                  repeats=2)
+        save_profile(path, latency, {"model": engine.target.name,
+                                     "dtype": dtype_name(engine.dtype), "threads": threads,
+                                     "context": 64, "repeats": 2})
+    base = latency[1]
+    return {n: interpolate(latency, n) / base for n in range(1, max_tokens + 1)}
