@@ -350,6 +350,28 @@ def test_interrupted_run_keeps_rows_and_resumes(tmp_path, models, dataset, monke
     assert (out / "report.html").exists()
 
 
+def test_multi_turn_prompts_carry_each_methods_own_answers(tmp_path, models):
+    import shutil
+
+    target = tmp_path / "chat-target"
+    shutil.copytree(models[0], target)
+    template = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
+                "<assistant>")
+    (target / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": "<eos>", "chat_template": template}))
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"id": "c", "prompt": "the cat", "turns": ["the cat", "sat on"]})
+                    + "\n")
+    cfg = config(tmp_path / "turns", (target, models[1]), data, turns="all")
+    rows = run_bench(cfg, log=quiet).rows
+    assert sorted((r["turn"], r["label"]) for r in rows) == [
+        (1, "autoregressive"), (1, "speculative:draft=ngram,gamma=2"),
+        (2, "autoregressive"), (2, "speculative:draft=ngram,gamma=2")]
+    first, second = (next(r for r in rows if r["turn"] == t) for t in (1, 2))
+    assert second["prompt_tokens"] > first["prompt_tokens"] + first["new_tokens"] - 1
+    assert all(r["identical"] for r in rows if r["label"] != "autoregressive")
+
+
 def test_compare_and_report_only(tmp_path, models, dataset):
     a = run_bench(config(tmp_path / "a", models, dataset, limit=1), log=quiet).out
     b = run_bench(config(tmp_path / "b", models, dataset, limit=1,

@@ -191,6 +191,7 @@ class MethodSummary:
     rouge_l_ref: float | None
     bleu_ref: float | None
     pass_at_1: float | None
+    truncated_rate: float | None  # share of outputs cut at max_new_tokens (finish "length")
     options: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -304,6 +305,7 @@ def summarise_label(rows: list[Row], baseline: list[Row]) -> MethodSummary:
         rouge_l_ref=_mean(r.get("rouge_l_ref") for r in used),
         bleu_ref=corpus_bleu(bleu_ref),
         pass_at_1=_mean(r.get("pass_at_1") for r in used),
+        truncated_rate=_mean(r.get("finish") == "length" for r in used if r.get("finish")),
         options=dict(first.get("options") or {}),
     )
 

@@ -54,6 +54,7 @@ def load_hf(folder: str, dtype: torch.dtype) -> Any:
     import transformers
 
     transformers.logging.set_verbosity_error()  # generate's deprecation chatter
+    transformers.logging.disable_progress_bar()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     model.generation_config = transformers.GenerationConfig()
     return model.eval()

@@ -30,7 +30,7 @@ PRESETS: dict[str, Preset] = {
         methods=(BEST_SPECULATIVE,),
         datasets=("humaneval", "mt-bench"),
         limit=2,
-        max_new_tokens=96,
+        max_new_tokens=64,
         peers=("hf:plain,assisted",),
     ),
     "speculative": Preset(

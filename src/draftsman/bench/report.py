@@ -113,15 +113,17 @@ def quality_table(summaries: list[MethodSummary], greedy: bool) -> Table:
                  if s.identical_rate is not None else "—")
         rows.append([s.label, s.exactness or "—", ident, margins(s), num(s.rouge_l_ar, 3),
                      num(s.bleu_ar, 1), num(s.rouge_l_ref, 3), num(s.bleu_ref, 1),
-                     pct(s.pass_at_1)])
+                     pct(s.pass_at_1), pct(s.truncated_rate)])
     note = ("identical: outputs token-for-token equal to autoregressive decoding; margins: "
             "the target's top-1 minus top-2 logit at the first divergence (near 0: a "
-            "numerical tie, large: a real difference).")
+            "numerical tie, large: a real difference). pass@1 counts an output cut at "
+            "max-new-tokens as a failure: raise --max-new-tokens when most are cut.")
     if not greedy:
         note += " Sampling: identical outputs are not expected from exact methods."
     return Table("Exactness and quality",
                  ["method", "exactness", "identical", "margins at divergence",
-                  "ROUGE-L vs AR", "BLEU vs AR", "ROUGE-L vs ref", "BLEU vs ref", "pass@1"],
+                  "ROUGE-L vs AR", "BLEU vs AR", "ROUGE-L vs ref", "BLEU vs ref", "pass@1",
+                  "cut at max tokens"],
                  rows, note)
 
 

@@ -13,6 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -60,7 +61,8 @@ class ResultsFile:
 
     def append(self, row: Row) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(row, ensure_ascii=False, allow_nan=False, default=_jsonable)
+        line = json.dumps(_finite(row), ensure_ascii=False, allow_nan=False,
+                          default=_jsonable)
         with open(self.path, "a+b") as f:
             f.seek(0, os.SEEK_END)
             if f.tell() > 0:
@@ -70,6 +72,17 @@ class ResultsFile:
             f.write(line.encode("utf-8") + b"\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities become null: JSON has no spelling for them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _jsonable(value: object) -> object:

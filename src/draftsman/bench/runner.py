@@ -244,7 +244,9 @@ class Bench:
         if ids is None:
             return
         for c in self.contestants:
+            t0 = time.perf_counter()
             c.warm_up(ids, self.config.sampling(), self.config.warmup_tokens)
+            self.log(f"bench: warmed up {c.label} ({time.perf_counter() - t0:.1f} s)")
 
     def run(self) -> BenchRun:
         from tqdm import tqdm
@@ -255,7 +257,6 @@ class Bench:
                    if (u.key, c.label, r) not in self.done)
         measured = 0
         if todo:
-            self.log(f"bench: warming up {len(self.contestants)} method(s)")
             self.warm_up(units)
         bar = tqdm(total=todo, desc="bench", unit="gen", disable=not self.config.progress,
                    file=sys.stderr, dynamic_ncols=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import time
 
@@ -90,6 +91,10 @@ def config_from_args(args: argparse.Namespace):
         command="draftsman " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "", **values)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     from draftsman.bench.report import compare, speed_table, table_md, write_report
     from draftsman.bench.results import ResultsFile
@@ -106,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgumentError(f"{args.out} has no results.jsonl rows")
         paths = write_report(args.out, rows)
     else:
+        # `kill` ends a run like Ctrl-C: rows already measured stay, --resume continues
+        signal.signal(signal.SIGTERM, _interrupt)
         result = run_bench(config_from_args(args))
         rows, paths = result.rows, result.paths
         for line in result.skipped:
