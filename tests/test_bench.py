@@ -102,6 +102,15 @@ def test_prediction_for_drafters_without_forwards():
     assert m["predicted_speedup"] == pytest.approx(expected_speedup(5 / 6, 4, 0.01))
 
 
+def test_prediction_on_hardware_generalises_the_paper():
+    assert metrics.predicted_on_hardware(0.8, 4, 0.1, 1.0) == pytest.approx(
+        expected_speedup(0.8, 4, 0.1))
+    assert metrics.predicted_on_hardware(0.8, 4, 0.1, 1.5, drafting_share=0.0) == \
+        pytest.approx(1 / 1.5)
+    half = metrics.predicted_on_hardware(0.5, 2, 0.0, 1.0, drafting_share=0.5)
+    assert half == pytest.approx(0.5 * 1.75 + 0.5)
+
+
 def test_staged_alpha_per_stage():
     steps = spec_steps([(4, 4, False), (4, 1, True)])
     steps[1].extra.update(sub_drafted=6, sub_accepted=3, sub_rejections=1)
@@ -148,6 +157,7 @@ def test_pooled_alpha_and_prediction_over_rows():
     assert s.gamma == pytest.approx(10 / 3)
     assert s.predicted_speedup == pytest.approx(expected_speedup(5 / 7, 10 / 3, 0.1))
     assert s.oracle_speedup is not None and s.oracle_speedup > 1
+    assert s.verify_cost is None  # the hand-built baseline rows carry no Steps
 
 
 # ----------------------------------------------------------------------------- quality

@@ -19,6 +19,15 @@ per *decode* forward (prefill excluded): the paper's c for a draft model (one fo
 guess), and still meaningful for drafters without forwards (n-gram: c ≈ 0) and for cascades
 (a middle-model forward yields several guesses). `cost_ratio` stays the engine's per-forward
 `Stats.cost_ratio`.
+
+The paper's model assumes a verify forward over γ+1 tokens costs one one-token forward. Beside
+it, `predicted_speedup_hw` uses this machine's measured costs in units of the baseline's
+one-token decode forward: `verify_cost` (the method's mean verify forward) and `draft_cost`
+(drafting per guess), with `theory.expected_speedup_with_verify_cost`, and with the share f
+of decode steps that drafted at all (a prompt-lookup drafter often finds nothing to propose;
+such a step commits one token): tokens per step f·E[tokens | γ] + (1 − f), cost per step
+f·γ·c + verify_cost. What remains between that and the measured speedup is overhead outside
+drafting and verifying.
 """
 
 from __future__ import annotations
@@ -33,7 +42,12 @@ from typing import Any
 from draftsman.bench.quality import corpus_bleu
 from draftsman.stats import Stats
 from draftsman.strategies.base import Step
-from draftsman.theory import expected_speedup, oracle_speedup_from_runs
+from draftsman.theory import (
+    expected_speedup,
+    expected_speedup_with_verify_cost,
+    expected_tokens_per_step,
+    oracle_speedup_from_runs,
+)
 
 Row = dict[str, Any]
 
@@ -41,7 +55,7 @@ Row = dict[str, Any]
 COUNTS = ("new_tokens", "seconds", "steps", "target_forwards", "draft_forwards", "drafted",
           "accepted", "rejections", "drafting_steps", "draft_seconds", "verify_seconds",
           "other_seconds", "sub_drafted", "sub_accepted", "sub_rejections",
-          "decode_verify_seconds", "decode_target_forwards")
+          "decode_verify_seconds", "decode_target_forwards", "decode_steps")
 
 
 def step_metrics(steps: Sequence[Step]) -> dict[str, Any]:
@@ -51,6 +65,7 @@ def step_metrics(steps: Sequence[Step]) -> dict[str, Any]:
     decode = [s for s in steps if not s.prefill]
     out["decode_verify_seconds"] = sum(s.verify_seconds for s in decode)
     out["decode_target_forwards"] = sum(s.target_forwards for s in decode)
+    out["decode_steps"] = len(decode)
     out["guess_cost"] = guess_cost(stats.draft_seconds, stats.drafted,
                                    out["decode_verify_seconds"], out["decode_target_forwards"])
     out["predicted_speedup"] = predicted(stats.alpha, stats.mean_gamma, out["guess_cost"])
@@ -69,6 +84,17 @@ def guess_cost(draft_seconds: float, drafted: float, verify_seconds: float,
     if not drafted or not forwards or not verify_seconds:
         return None
     return (draft_seconds / drafted) / (verify_seconds / forwards)
+
+
+def predicted_on_hardware(alpha: float, gamma: float, draft_cost: float, verify_cost: float,
+                          drafting_share: float = 1.0) -> float:
+    """Speedup over one-token decoding when a share `drafting_share` of steps drafts γ guesses
+    (costs in one-token target forwards); equals the paper's model for share 1, verify 1."""
+    f = min(max(drafting_share, 0.0), 1.0)
+    if f == 1.0:
+        return expected_speedup_with_verify_cost(alpha, gamma, draft_cost, verify_cost)
+    tokens = f * expected_tokens_per_step(alpha, gamma) + (1.0 - f)
+    return tokens / (f * gamma * draft_cost + verify_cost)
 
 
 def ratio(num: float, den: float) -> float | None:
@@ -100,6 +126,8 @@ class Pooled:
         for row in rows:
             for k in COUNTS:
                 sums[k] += float(row.get(k) or 0)
+            if "decode_steps" not in row and row.get("steps"):
+                sums["decode_steps"] += row["steps"] - 1  # rows written before it was stored
             runs.extend(row.get("accepted_runs") or [])
         return cls(dict(sums), runs)
 
@@ -143,6 +171,10 @@ class Pooled:
         c = self.guess_cost
         return oracle_speedup_from_runs(self.runs, c) if self.runs and c is not None else None
 
+    @property
+    def decode_forward_seconds(self) -> float | None:
+        return ratio(self["decode_verify_seconds"], self["decode_target_forwards"])
+
     def share(self, key: str) -> float | None:
         return ratio(self[key], self["seconds"])
 
@@ -176,6 +208,8 @@ class MethodSummary:
     cost_ratio: float | None
     guess_cost: float | None
     predicted_speedup: float | None
+    verify_cost: float | None  # mean verify forward / the baseline's one-token forward
+    predicted_speedup_hw: float | None  # with this machine's verify and draft costs
     oracle_speedup: float | None
     target_forwards_per_token: float | None
     draft_forwards_per_token: float | None
@@ -255,6 +289,14 @@ def summarise_label(rows: list[Row], baseline: list[Row]) -> MethodSummary:
 
     used = [r for k in shared for r in mine[k].values()]
     pooled = Pooled.of(used)
+    unit = Pooled.of(r for k in shared for r in base.get(k, {}).values()).decode_forward_seconds
+    verify_cost = hw = None
+    if unit and pooled.decode_forward_seconds:
+        verify_cost = pooled.decode_forward_seconds / unit
+        if pooled.alpha is not None and pooled.gamma and pooled["decode_steps"]:
+            hw = predicted_on_hardware(
+                pooled.alpha, pooled.gamma, pooled["draft_seconds"] / pooled["drafted"] / unit,
+                verify_cost, pooled["drafting_steps"] / pooled["decode_steps"])
     first = rows[0]
     n_tok = pooled["new_tokens"]
     identical = [r["identical"] for r in used if r.get("identical") is not None]
@@ -290,6 +332,8 @@ def summarise_label(rows: list[Row], baseline: list[Row]) -> MethodSummary:
         cost_ratio=pooled.cost_ratio,
         guess_cost=pooled.guess_cost,
         predicted_speedup=pooled.predicted_speedup,
+        verify_cost=verify_cost,
+        predicted_speedup_hw=hw,
         oracle_speedup=pooled.oracle_speedup,
         target_forwards_per_token=ratio(pooled["target_forwards"], n_tok) if has_steps else None,
         draft_forwards_per_token=ratio(pooled["draft_forwards"], n_tok) if has_steps else None,

@@ -2,7 +2,8 @@
 
 - speedup_vs_gamma.png: measured speedup of every drafting configuration at its mean γ
   (fixed γ: dots with the min-max over repeats, adaptive: stars), beside the theory curve
-  expected_speedup(α, γ, c) for each drafter with its pooled measured α and c.
+  expected_speedup(α, γ, c) for each drafter with its pooled measured α and c, and (hollow)
+  each configuration's prediction with this machine's measured verify and draft costs.
 - tokens_per_second.png: throughput per method, min-max over repeats as whiskers.
 - quality_vs_latency.png: agreement with the target's own output (ROUGE-L) against time per
   token normalised by autoregressive decoding; lossy methods filled, exact ones hollow.
@@ -39,7 +40,7 @@ def plot_speedup_vs_gamma(summaries: list[MethodSummary], path: Path) -> bool:
     groups = _drafting(summaries)
     if not groups:
         return False
-    fig = Figure(figsize=(7, 4.5))
+    fig = Figure(figsize=(10, 4.5))
     ax = fig.subplots()
     top = max(max(s.gamma or 1 for s in group) for group in groups.values())
     gammas = [g / 10 for g in range(10, int(10 * max(top + 2, 8)) + 1)]
@@ -59,15 +60,20 @@ def plot_speedup_vs_gamma(summaries: list[MethodSummary], path: Path) -> bool:
             ax.errorbar([s.gamma], [s.speedup], yerr=[[max(low, 0)], [max(high, 0)]],
                         fmt="*" if adaptive else "o", markersize=11 if adaptive else 6,
                         color=colour, capsize=3)
-            if adaptive:
-                ax.annotate(str(s.options.get("gamma_policy", "auto")), (s.gamma, s.speedup),
+            if s.predicted_speedup_hw is not None:
+                ax.plot([s.gamma], [s.predicted_speedup_hw], "o", markersize=7,
+                        markerfacecolor="none", color=colour)
+            if adaptive and s.options.get("gamma_policy"):
+                ax.annotate(str(s.options["gamma_policy"]), (s.gamma, s.speedup),
                             textcoords="offset points", xytext=(6, 4), fontsize=7)
         ax.plot([], [], "o", color=colour, label=f"measured {name}")
+    ax.plot([], [], "o", markerfacecolor="none", color="black",
+            label="predicted with this CPU's verify and draft costs")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xlabel("γ (mean tokens drafted per step)")
     ax.set_ylabel("speedup over autoregressive")
     ax.set_title("Speedup vs draft length (★ adaptive γ)")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)

@@ -68,27 +68,31 @@ def speed_table(summaries: list[MethodSummary], title: str = "Speed") -> Table:
     rows = [[s.label, s.drafter or "—", num(s.gamma), num(s.alpha), num(s.tau),
              num(s.ms_per_token, 1), num(s.tokens_per_second),
              spread(s.speedup, s.speedup_min, s.speedup_max, s.repeats),
-             times(s.speedup_median), times(s.predicted_speedup), times(s.oracle_speedup)]
+             times(s.speedup_median), times(s.predicted_speedup),
+             times(s.predicted_speedup_hw), times(s.oracle_speedup)]
             for s in summaries]
     return Table(title, ["method", "drafter", "γ", "α", "τ", "ms/token", "tok/s", "speedup",
-                         "median/prompt", "predicted", "oracle"], rows,
+                         "median/prompt", "predicted", "predicted (this CPU)", "oracle"], rows,
                  "γ: mean tokens drafted per step; α: per-guess acceptance (MLE); τ: tokens "
                  "per target forward; speedup: autoregressive time per token / method time "
                  "per token summed over prompts (min–max over repeats); predicted: "
-                 "(1−α^(γ+1))/((1−α)(γc+1)) with the measured α, γ, c; oracle: section 3.5 "
-                 "bound on the observed accepted runs.")
+                 "(1−α^(γ+1))/((1−α)(γc+1)) with the measured α, γ, c (the paper's model: a "
+                 "verify forward costs one token's); predicted (this CPU): the same with the "
+                 "measured cost of a verify forward; oracle: section 3.5 bound on the "
+                 "observed accepted runs.")
 
 
 def time_table(summaries: list[MethodSummary]) -> Table:
     rows = [[s.label, num(s.target_forwards_per_token), num(s.draft_forwards_per_token),
              pct(s.draft_share), pct(s.verify_share), pct(s.other_share), num(s.guess_cost, 3),
-             num(s.cost_ratio, 3), num(s.ttft_ms, 0), num(s.peak_rss_mb, 0)]
-            for s in summaries]
+             num(s.cost_ratio, 3), num(s.verify_cost), num(s.ttft_ms, 0),
+             num(s.peak_rss_mb, 0)] for s in summaries]
     return Table("Where the time goes",
                  ["method", "target fwd/token", "draft fwd/token", "draft", "verify", "other",
-                  "c", "c/forward", "TTFT ms", "peak RSS MB"], rows,
+                  "c", "c/forward", "verify cost", "TTFT ms", "peak RSS MB"], rows,
                  "Shares of wall time from the Steps' timers. c (used for the prediction): "
-                 "drafting seconds per guess / seconds per target decode forward; c/forward: "
+                 "drafting seconds per guess / seconds per target decode forward; verify cost: "
+                 "a verify forward / autoregressive's one-token forward; c/forward: "
                  "per draft-model forward (the engine's cost_ratio, prefill included). Peak "
                  "RSS is the process high-water mark during the generation (all loaded "
                  "models included).")
