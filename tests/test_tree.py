@@ -126,3 +126,63 @@ def test_tree_forward_matches_plain_forwards_and_keep_equals_prefill(family):
     assert cache.length == fresh.length == n
     torch.testing.assert_close(cache.k[:, :, :, :n], fresh.k[:, :, :, :n], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cache.v[:, :, :, :n], fresh.v[:, :, :, :n], atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- sparse trees
+
+from draftsman.sparse_tree import (  # noqa: E402
+    PRIOR_ACCURACY,
+    amortised_tokens,
+    choose_size,
+    end_probabilities,
+    make_trees,
+    optimal_candidates,
+    path_probability,
+    tree_value,
+)
+
+
+def test_optimal_candidates_are_a_tree_in_probability_order():
+    nodes = optimal_candidates(PRIOR_ACCURACY, 20, 3)
+    paths = [p for p, _ in nodes]
+    probs = [q for _, q in nodes]
+    assert len(paths) == 20 and probs == sorted(probs, reverse=True)
+    seen = {()}
+    for p in paths:
+        assert p[:-1] in seen and len(p) <= 3
+        seen.add(p)
+        assert path_probability(p, PRIOR_ACCURACY) == pytest.approx(probs[paths.index(p)])
+    assert optimal_candidates(PRIOR_ACCURACY, 5, 1) == [((r,), PRIOR_ACCURACY[0][r])
+                                                        for r in range(5)]
+    # Prop. 4.1: no other 5-node tree of depth <= 2 has a larger f
+    best = tree_value([()] + [p for p, _ in optimal_candidates(PRIOR_ACCURACY, 5, 2)],
+                      PRIOR_ACCURACY)
+    alt = tree_value([(), (0,), (0, 0), (0, 1), (0, 2), (1,)], PRIOR_ACCURACY)
+    assert best >= alt
+
+
+def test_end_probabilities_sum_to_one():
+    paths = [()] + [p for p, _ in optimal_candidates(PRIOR_ACCURACY, 12, 3)]
+    assert sum(end_probabilities(paths, PRIOR_ACCURACY)) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 16, 33, 48])
+@pytest.mark.parametrize("epts", [1, 2])
+def test_tree_sets_fit_their_size_and_dynamic_beats_static(rows, epts):
+    sets = {k: make_trees(k, PRIOR_ACCURACY, 3, rows, epts, seed=1)
+            for k in ("dynamic", "static", "random")}
+    for ts in sets.values():
+        assert set(ts.states) == {0, 1, 2, 3}
+        for state, spec in ts.states.items():
+            assert spec.size(epts) <= rows and spec.depth <= state
+        assert ts.tau == pytest.approx(amortised_tokens(ts.states, PRIOR_ACCURACY, 3))
+    assert sets["dynamic"].tau >= sets["static"].tau - 1e-9
+    assert sets["dynamic"].tau >= sets["random"].tau - 1e-9
+
+
+def test_hardware_aware_size_maximises_tau_over_latency():
+    tau = {1: 1.0, 8: 1.6, 16: 1.8, 32: 1.9}
+    flat = {1: 0.10, 8: 0.10, 16: 0.11, 32: 0.20}
+    assert choose_size(tau, flat) == 16  # 1.8 / 0.11 beats 1.6 / 0.10 and 1.9 / 0.20
+    steep = {1: 0.10, 8: 0.30, 32: 1.0}
+    assert choose_size(tau, steep) == 1  # interpolated L(16) is too slow: decode plainly
