@@ -391,6 +391,8 @@ def test_compare_and_report_only(tmp_path, models, dataset):
     (Path(a) / "report.html").unlink()
     paths = write_report(a)
     assert paths["html"].exists()
+    runs = json.loads((Path(a) / "run.json").read_text())
+    assert len(runs) == 1 and runs[0]["methods"] == ["speculative:draft=ngram,gamma=2"]
 
 
 def test_cli_presets_and_overrides(monkeypatch):

@@ -17,7 +17,7 @@ from typing import Any
 
 from draftsman.bench.metrics import MethodSummary, datasets_of, summarise
 from draftsman.bench.plots import make_plots
-from draftsman.bench.results import ResultsFile, Row
+from draftsman.bench.results import ResultsFile, Row, invocations
 
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
@@ -205,6 +205,8 @@ def context(rows: list[Row], config: dict[str, Any] | None) -> list[tuple[str, s
     ]
     if config and config.get("command"):
         items.append(("command", str(config["command"])))
+        if config.get("resume"):
+            items[-1] = ("command (last resume)", str(config["command"]))
     return items
 
 
@@ -250,6 +252,9 @@ def write_report(out: str | Path, rows: list[Row] | None = None,
     out = Path(out)
     if rows is None:
         rows = ResultsFile(out).rows()
+    if config is None:
+        runs = invocations(out)
+        config = runs[0] if runs else None  # the command that started the run
     summaries, tbls = tables(rows)
     plots = make_plots(out, summaries)
     paths = {"summary": out / SUMMARY_MD, "json": out / SUMMARY_JSON, "html": out / REPORT_HTML}

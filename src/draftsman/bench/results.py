@@ -74,6 +74,31 @@ class ResultsFile:
             os.fsync(f.fileno())
 
 
+RUN_LOG = "run.json"
+
+
+def record_invocation(folder: Path, config: dict[str, Any]) -> None:
+    """Keep every invocation's configuration (first run and resumes) in run.json."""
+    import time
+
+    path = Path(folder) / RUN_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        runs = json.loads(path.read_text()) if path.is_file() else []
+    except json.JSONDecodeError:
+        runs = []
+    runs.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **_finite(config)})
+    path.write_text(json.dumps(runs, indent=1, default=_jsonable), encoding="utf-8")
+
+
+def invocations(folder: Path) -> list[dict[str, Any]]:
+    path = Path(folder) / RUN_LOG
+    try:
+        return json.loads(path.read_text()) if path.is_file() else []
+    except json.JSONDecodeError:
+        return []
+
+
 def _finite(value: Any) -> Any:
     """NaN and infinities become null: JSON has no spelling for them."""
     if isinstance(value, float):

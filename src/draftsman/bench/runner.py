@@ -47,6 +47,7 @@ from draftsman.bench.results import (
     check_settings,
     environment,
     peak_rss_mb,
+    record_invocation,
     reset_peak_rss,
     row_key,
 )
@@ -353,6 +354,7 @@ def run_bench(config: BenchConfig, engine: Any | None = None,
     from draftsman.bench.report import write_report
 
     bench = Bench(config, engine, log)
+    record_invocation(Path(config.out), asdict(config))
     result = bench.run()
     result.paths = write_report(result.out, result.rows, asdict(config))
     return result
