@@ -300,7 +300,6 @@ class _Check:
 
     kept: int  # unchecked small tokens kept (a prefix)
     token: int  # the large model's token, appended after them
-    distances: list[float]
 
 
 class BigLittle(Strategy):
@@ -339,16 +338,14 @@ class BigLittle(Strategy):
         """Apply the rollback policy to L's logits [k + 1, V] and pick L's token."""
         k = len(unchecked)
         m = k
-        distances: list[float] = []
         if self.config.reviews and k:
             large_logp = policy_logprobs(large_logits[:k], temperature)
             small_logp = torch.stack(small_rows) if small_rows else None
             d = self.distance(small_logp, large_logp, torch.tensor(unchecked))
-            distances = d.tolist()
             over = (d > self.config.rollback).nonzero()
             if over.numel():
                 m = int(over[0, 0])
-        return _Check(m, sampler.pick(large_logits[m]), distances)
+        return _Check(m, sampler.pick(large_logits[m]))
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
         check_fits(self.large, len(prompt_ids), config)
@@ -382,8 +379,9 @@ class BigLittle(Strategy):
                     small_forwards += 1
                     logp = policy_logprobs(logits, temperature)
                     confident = float(logp.max().exp()) > policy.fallback
-                    token = sampler.pick(logits) if confident else -1
                 if confident:
+                    with timer("draft"):
+                        token = sampler.pick(logits)
                     committed.append(token)
                     unchecked.append(token)
                     if keep_rows:
