@@ -627,7 +627,11 @@ def test_queue_full_429_and_disconnects_free_slots(engine):
         assert r.usage.completion_tokens == 5
         m = live.metrics()
         assert total(m, "draftsman_requests_total", status="429") == 1
-        assert total(m, "draftsman_finished_requests_total", reason="cancelled") == 3
+        # the two streams were cancelled; the non-streamed one is cancelled too unless the
+        # tiny model finished its 300 tokens before the disconnect was noticed (a race)
+        cancelled = total(m, "draftsman_finished_requests_total", reason="cancelled")
+        finished = total(m, "draftsman_finished_requests_total", reason="length")
+        assert cancelled >= 2 and cancelled + finished == 4
         assert total(m, "draftsman_queue_capacity") == 2
 
 
