@@ -1,0 +1,157 @@
+"""`draftsman theory ...`: what the analytic models predict, before anything is timed.
+
+    theory speculative   Leviathan et al.: expected tokens per step, speedup, optimal γ
+    theory pipelined     Yang et al., Theorem 4.1 and eqs. 3/5/6, checked against the
+                         timeline simulator; trade-off plots from measured p̂_correct
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from draftsman.errors import InvalidArgumentError
+
+
+def _floats(text: str, name: str) -> list[float]:
+    try:
+        return [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise InvalidArgumentError(f"--{name} wants numbers separated by commas") from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "theory", help="analytic speedup models (speculative, pipelined)",
+        description="Expected speedups and costs from the papers' analyses.")
+    sub = parser.add_subparsers(dest="theory_command", metavar="METHOD")
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+
+    s = sub.add_parser("speculative", help="tokens per step, speedup and optimal γ",
+                       description="Leviathan et al., eq. 1, Theorem 3.8, Corollary 3.9.")
+    s.add_argument("--alpha", required=True, help="acceptance rate(s), comma separated")
+    s.add_argument("--c", type=float, required=True,
+                   help="cost of a draft forward relative to a target forward")
+    s.add_argument("--gamma", default="1,2,3,4,5,6,7,8", help="γ values to tabulate")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=run_speculative)
+
+    p = sub.add_parser(
+        "pipelined", help="latency / compute of predictive pipelined decoding",
+        description="Theorem 4.1 (expected latency and compute in layer-time units), the "
+                    "approximations of eqs. 3, 5 and 6, and a Monte Carlo run of the "
+                    "timeline simulator on i.i.d. matches; --from plots Figures 3 and 4 "
+                    "from the p̂ measured by `draftsman analyze match-rate`.")
+    p.add_argument("--d", type=int, default=40, help="layers (default 40, Vicuna-13B)")
+    p.add_argument("--d-bar", type=int, default=None, help="early layer (default d/2)")
+    p.add_argument("--length", type=int, default=128, help="tokens generated (ℓ)")
+    p.add_argument("--p", default="0.216,0.321,0.389",
+                   help="p_correct value(s) (default: the paper's k=1 shared-head rates)")
+    p.add_argument("--k", default="1,3,5", help="sub-worker counts")
+    p.add_argument("--simulate", type=int, default=2000,
+                   help="Monte Carlo trials of the simulator per row (0: skip)")
+    p.add_argument("--from", dest="source", type=Path, default=None,
+                   help="match_rate.json from `analyze match-rate`: plot Figures 3-4")
+    p.add_argument("--plot", type=Path, default=None, help="output PNG path prefix")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_pipelined)
+
+
+def run_speculative(args: argparse.Namespace) -> int:
+    from draftsman import theory
+
+    gammas = [int(g) for g in _floats(args.gamma, "gamma")]
+    rows = []
+    for a in _floats(args.alpha, "alpha"):
+        if not 0 <= a <= 1:
+            raise InvalidArgumentError(f"alpha must be in [0, 1], got {a}")
+        for g in gammas:
+            rows.append({"alpha": a, "gamma": g,
+                         "tokens_per_step": theory.expected_tokens_per_step(a, g),
+                         "speedup": theory.expected_speedup(a, g, args.c)})
+        rows.append({"alpha": a, "optimal_gamma": theory.optimal_gamma(a, args.c),
+                     "speedup_possible": theory.speedup_possible(a, args.c)})
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'alpha':>6} {'gamma':>6} {'tokens/step':>12} {'speedup':>8}")
+    for r in rows:
+        if "gamma" in r:
+            print(f"{r['alpha']:>6.2f} {r['gamma']:>6} {r['tokens_per_step']:>12.3f} "
+                  f"{r['speedup']:>8.3f}")
+        else:
+            print(f"{r['alpha']:>6.2f} optimal γ = {r['optimal_gamma']} "
+                  f"(speedup possible: {r['speedup_possible']})")
+    return 0
+
+
+def run_pipelined(args: argparse.Namespace) -> int:
+    from draftsman import pipelined_theory as pt
+
+    d = args.d
+    d_bar = d // 2 if args.d_bar is None else args.d_bar
+    pt.check(d, d_bar)
+    ell = args.length
+    if ell < 1:
+        raise InvalidArgumentError("--length must be >= 1")
+    ks = [int(k) for k in _floats(args.k, "k")]
+    frac = d_bar / d
+    rows = []
+    for p in _floats(args.p, "p"):
+        if not 0 <= p <= 1:
+            raise InvalidArgumentError(f"p must be in [0, 1], got {p}")
+        for k in ks:
+            lat = pt.expected_latency(d, d_bar, ell, p)
+            comp = pt.expected_compute(d, d_bar, ell, p, k)
+            row = {"p": p, "k": k, "latency": lat, "compute": comp,
+                   "latency_ratio": lat / (d * ell), "compute_ratio": comp / (d * ell),
+                   "eq3_latency_per_token": pt.latency_per_token(p, frac),
+                   "eq5_compute_per_time": pt.compute_per_time(p, k, frac),
+                   "eq6_compute_per_token": pt.compute_per_token(p, k, frac)}
+            if args.simulate:
+                sl, sc = pt.monte_carlo(d, d_bar, ell, p, k, args.simulate)
+                row.update(sim_latency=sl, sim_compute=sc)
+            rows.append(row)
+    written = []
+    if args.source is not None:
+        written = plot_from_match_rate(args.source, args.plot)
+    if args.json:
+        print(json.dumps({"d": d, "d_bar": d_bar, "length": ell, "rows": rows,
+                          "plots": [str(w) for w in written]}))
+        return 0
+    print(f"d = {d}, d̄ = {d_bar}, ℓ = {ell} (layer-time units; greedy = dℓ = {d * ell})")
+    head = (f"{'p':>6} {'k':>3} {'E[latency]':>11} {'sim':>9} {'/greedy':>8} {'E[compute]':>11} "
+            f"{'sim':>9} {'/greedy':>8} {'eq3':>6} {'eq5':>6} {'eq6':>6}")
+    print(head)
+    for r in rows:
+        print(f"{r['p']:>6.3f} {r['k']:>3} {r['latency']:>11.1f} "
+              f"{r.get('sim_latency', float('nan')):>9.1f} {r['latency_ratio']:>8.3f} "
+              f"{r['compute']:>11.1f} {r.get('sim_compute', float('nan')):>9.1f} "
+              f"{r['compute_ratio']:>8.3f} {r['eq3_latency_per_token']:>6.3f} "
+              f"{r['eq5_compute_per_time']:>6.3f} {r['eq6_compute_per_token']:>6.3f}")
+    print("eq3: latency per token / d; eq5: busy compute units per time unit; "
+          "eq6: compute per token / d (ℓ >> 1)")
+    for w in written:
+        print(f"wrote {w}")
+    return 0
+
+
+def plot_from_match_rate(source: Path, plot: Path | None) -> list[Path]:
+    """Figures 3-4 from a match_rate.json (p̂ at d̄ = d/2, every task, N and Y)."""
+    from draftsman import pipelined_theory as pt
+    from draftsman.analysis.match_rate import TASK_LABELS
+
+    data = json.loads(Path(source).read_text())
+    depth = data["depth"]
+    half = str(depth // 2)
+    p_fig: dict[str, dict[int, float]] = {}
+    for task, by_layer in data["summary"].get("greedy", {}).items():
+        for k, by_head in by_layer.get(half, {}).items():
+            for flag, cell in by_head.items():
+                label = TASK_LABELS.get(task, task) + (" tr" if flag == "Y" else "")
+                p_fig.setdefault(label, {})[int(k)] = cell["rate"]
+    if not p_fig:
+        raise InvalidArgumentError(f"{source} has no greedy match rates at layer {half}")
+    out = plot or Path(source).with_name("tradeoff.png")
+    return pt.plot_tradeoff(p_fig, out, data.get("model", ""), d_bar_fraction=int(half) / depth)
