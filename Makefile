@@ -7,11 +7,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint clean
 
-$(STAMP): pyproject.toml
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+
+$(STAMP): pyproject.toml scripts/build_llama_cpp.sh
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet torch==2.13.0
 	$(VENV)/bin/pip install --quiet -e ".[dev]"
+	# llama.cpp backend: the Python bindings without their own build, then llama.cpp itself
+	# built once with native CPU flags into $(VENV)/llama.cpp (the bindings load it from there)
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(VENV)/bin/pip install --quiet \
+		--no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
+	scripts/build_llama_cpp.sh $(VENV)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -46,12 +46,30 @@ class LoadedModel:
         return bool(self.tokenizer.chat_template)
 
 
-def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16") -> LoadedModel:
-    """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name."""
-    from draftsman.store.resolve import resolve_model
+BACKENDS = ("torch", "llama.cpp")
 
+
+def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
+                backend: str = "torch") -> LoadedModel:
+    """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name.
+
+    backend "torch" runs our own models/ in `dtype`; "llama.cpp" runs the model's GGUF on
+    llama.cpp (its own quantisation; `dtype` is ignored), so it needs a catalogue name or a
+    .gguf file. The folder is used for the config and tokenizer either way.
+    """
+    from draftsman.store.resolve import resolve_gguf, resolve_model
+
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(
+            f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     folder = resolve_model(str(spec))
-    model = load_model(folder, dtype)
+    if backend == "llama.cpp":
+        from draftsman.backends.llama_cpp import LlamaCppLM
+
+        gguf = resolve_gguf(str(spec))
+        model = LlamaCppLM(gguf, ModelConfig.from_folder(folder))
+    else:
+        model = load_model(folder, dtype)
     tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
     return LoadedModel(str(spec), Path(folder), model, tokenizer)
 
@@ -143,16 +161,18 @@ class StopMatcher:
 
 
 class Engine:
-    def __init__(self, target: LoadedModel, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, target: LoadedModel, dtype: torch.dtype = torch.bfloat16,
+                 backend: str = "torch") -> None:
         self.target = target
         self.dtype = dtype
+        self.backend = backend
         self._models: dict[str, LoadedModel] = {target.name: target}
 
     # ---- models -------------------------------------------------------------------
     def model(self, spec: str) -> LoadedModel:
         """Load (once) and return a companion model, checked against the target's vocabulary."""
         if spec not in self._models:
-            bundle = load_bundle(spec, self.dtype)
+            bundle = load_bundle(spec, self.dtype, self.backend)
             check_same_vocabulary(self.target.tokenizer, bundle.tokenizer, self.target.name,
                                   bundle.name)
             if bundle.config.vocab_size != self.target.config.vocab_size:
@@ -279,13 +299,14 @@ def load(
     draft: str | None = None,
     dtype: str = "bf16",
     threads: int | None = None,
+    backend: str = "torch",
 ) -> Engine:
     if threads is not None:
         if threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     torch_dtype = parse_dtype(dtype)
-    engine = Engine(load_bundle(target, torch_dtype), torch_dtype)
+    engine = Engine(load_bundle(target, torch_dtype, backend), torch_dtype, backend)
     if draft is not None:
         engine.model(draft)
     return engine

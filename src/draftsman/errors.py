@@ -46,3 +46,9 @@ class OfflineError(DraftsmanError):
     """A hub (models or datasets) is not reachable from this machine."""
 
     status = 503
+
+
+class BackendError(DraftsmanError):
+    """A compute backend is missing or failed (llama.cpp not built, a GGUF it cannot load)."""
+
+    status = 503

@@ -26,23 +26,29 @@ VARIANTS = ("plain", "assisted", "prompt-lookup")
 PROMPT_LOOKUP_TOKENS = 10
 
 
-def parse_peers(specs: list[str] | None) -> list[str]:
-    """`hf` -> every variant; `hf:plain,assisted` -> those; several specs are merged."""
-    out: list[str] = []
+def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
+    """(peer, variant) pairs. `hf` -> every hf variant, `hf:plain,assisted` -> those;
+    `llama.cpp` -> its plain and speculative decoding; `;` or repeated specs are merged."""
+    from draftsman.bench import peer_llama_cpp
+
+    known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
+    out: list[tuple[str, str]] = []
     for spec in specs or []:
         for item in (s.strip() for s in spec.split(";")):
             if not item:
                 continue
             name, _, rest = item.partition(":")
-            if name.strip().lower() != "hf":
-                raise InvalidArgumentError(f"unknown peer {name!r}; the peer is 'hf'")
-            wanted = [v.strip() for v in rest.split(",") if v.strip()] or list(VARIANTS)
+            name = name.strip().lower()
+            if name not in known:
+                raise InvalidArgumentError(
+                    f"unknown peer {name!r}; the peers are {', '.join(known)}")
+            wanted = [v.strip() for v in rest.split(",") if v.strip()] or list(known[name])
             for v in wanted:
-                if v not in VARIANTS:
+                if v not in known[name]:
                     raise InvalidArgumentError(
-                        f"unknown hf variant {v!r}; choose from {', '.join(VARIANTS)}")
-                if v not in out:
-                    out.append(v)
+                        f"unknown {name} variant {v!r}; choose from {', '.join(known[name])}")
+                if (name, v) not in out:
+                    out.append((name, v))
     return out
 
 

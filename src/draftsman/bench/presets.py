@@ -21,6 +21,7 @@ class Preset:
     max_new_tokens: int
     repeats: int = 1
     peers: tuple[str, ...] = ()
+    backend: str = "torch"
 
 
 PRESETS: dict[str, Preset] = {
@@ -48,5 +49,21 @@ PRESETS: dict[str, Preset] = {
         limit=20,
         max_new_tokens=128,
         peers=("hf",),
+    ),
+    "llama-cpp": Preset(
+        "the llama.cpp backend (issue 9) on the default pair's GGUF weights: autoregressive, "
+        "every drafter under the cost-model controller, the 0.5B draft at fixed γ, against "
+        "llama.cpp's own plain and speculative decoding; HumanEval and MT-Bench, greedy",
+        methods=(
+            "speculative:draft=prompt-lookup,gamma=auto",
+            "speculative:draft=ngram,gamma=auto",
+            "speculative:gamma=auto",
+            "speculative:gamma=2|4",
+        ),
+        datasets=("humaneval", "mt-bench"),
+        limit=10,
+        max_new_tokens=128,
+        peers=("llama.cpp",),
+        backend="llama.cpp",
     ),
 }

@@ -255,8 +255,11 @@ def write_report(out: str | Path, rows: list[Row] | None = None,
     if config is None:
         runs = invocations(out)
         config = runs[0] if runs else None  # the command that started the run
+    from draftsman.bench.controller_report import controller_plots, controller_tables
+
     summaries, tbls = tables(rows)
-    plots = make_plots(out, summaries)
+    tbls += controller_tables(out, rows, summaries)
+    plots = make_plots(out, summaries) + controller_plots(out, rows, summaries)
     paths = {"summary": out / SUMMARY_MD, "json": out / SUMMARY_JSON, "html": out / REPORT_HTML}
     paths["summary"].write_text(render_md(rows, tbls, config, plots), encoding="utf-8")
     paths["json"].write_text(json.dumps({"context": dict(context(rows, config)),

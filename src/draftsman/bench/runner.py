@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from draftsman.bench.contestants import (
     Contestant,
     DraftsmanContestant,
@@ -76,6 +78,7 @@ class BenchConfig:
     out: str = "bench-results"
     threads: int | None = None
     dtype: str = "bf16"
+    backend: str = "torch"
     resume: bool = False
     turns: str = "first"  # "first" or "all"
     warmup_tokens: int = 8
@@ -85,7 +88,8 @@ class BenchConfig:
 
     def settings(self) -> dict[str, Any]:
         """What a row's numbers depend on; `--resume` requires these to match."""
-        return {"target": self.target, "draft": self.draft, "dtype": self.dtype,
+        backend = {} if self.backend == "torch" else {"backend": self.backend}
+        return {"target": self.target, "draft": self.draft, "dtype": self.dtype, **backend,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
                 "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed,
                 "turns": self.turns, "threads": self.threads}
@@ -138,7 +142,10 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
     draft = config.draft
     contestants: list[Contestant] = [DraftsmanContestant(engine, m, draft)
                                      for m in parse_methods(config.methods)]
-    variants = parse_peers(config.peers)
+    peers = parse_peers(config.peers)
+    variants = [v for peer, v in peers if peer == "hf"]
+    contestants += llama_cpp_peers(engine, config, [v for peer, v in peers
+                                                    if peer == "llama.cpp"])
     if variants:
         target = load_hf(engine.target.folder, engine.dtype)
         eos = engine.target.tokenizer.eos_token_ids
@@ -153,6 +160,28 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
                        "prompt-lookup": "prompt-lookup"}.get(v)
             contestants.append(HFPeer(v, target, eos, assistant=assistant, drafter=drafter))
     return contestants
+
+
+def llama_cpp_peers(engine: Any, config: BenchConfig, variants: list[str]) -> list[Contestant]:
+    """llama.cpp's own decoding on the GGUF files behind the target (and draft)."""
+    if not variants:
+        return []
+    from draftsman.bench.peer_llama_cpp import LlamaCppPlainPeer, LlamaCppSpeculativePeer
+    from draftsman.store.resolve import resolve_gguf
+
+    threads = config.threads or torch.get_num_threads()
+    eos = engine.target.tokenizer.eos_token_ids
+    target = resolve_gguf(config.target)
+    out: list[Contestant] = []
+    for v in variants:
+        if v == "plain":
+            out.append(LlamaCppPlainPeer(target, threads, eos))
+        else:
+            draft = config.draft if config.draft not in DETERMINISTIC and config.draft \
+                else engine.default_draft()
+            out.append(LlamaCppSpeculativePeer(target, resolve_gguf(draft), display_name(draft),
+                                               threads, engine.target.tokenizer, eos))
+    return out
 
 
 def prompt_hash(ids: list[int]) -> str:
@@ -184,11 +213,11 @@ class Bench:
 
             model_draft = config.draft if config.draft not in DETERMINISTIC else None
             engine = draftsman.load(config.target, draft=model_draft, dtype=config.dtype,
-                                    threads=config.threads)
+                                    threads=config.threads, backend=config.backend)
         self.engine = engine
         self.tokenizer = engine.target.tokenizer
         self.contestants = build_contestants(engine, config)
-        self.env = environment(config.dtype)
+        self.env = environment(config.dtype if config.backend == "torch" else "gguf (llama.cpp)")
         self.done = {row_key(r) for r in self.existing}
         self.baseline: dict[tuple[str, int], Row] = {}
         self.answers: dict[tuple[str, int, str], str] = {}  # (unit key, repeat, label)
@@ -277,6 +306,9 @@ class Bench:
                      f"{self.results.path}; continue with --resume")
             raise
         bar.close()
+        from draftsman.bench.controller_report import save_verify_cost
+
+        save_verify_cost(self.out, self.engine)
         return BenchRun(self.out, self.results.rows(), measured, self.skipped)
 
     def measure(self, unit: Unit, repeat: int, c: Contestant) -> bool:

@@ -12,7 +12,7 @@ from draftsman.cli.generate_cmd import add_model_args, add_sampling_args
 from draftsman.errors import InvalidArgumentError
 
 DEFAULTS = dict(methods=["speculative"], datasets=["humaneval"], limit=5, max_new_tokens=128,
-                temperature=0.0, seed=0, repeats=1, peers=[])
+                temperature=0.0, seed=0, repeats=1, peers=[], backend="torch")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,8 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed runs per prompt and "
                                                              "method (default: 1)")
     p.add_argument("--peer", dest="peers", action="append", default=None,
-                   metavar="hf[:plain,assisted,prompt-lookup]",
-                   help="also time Hugging Face transformers generate (hf = all three)")
+                   metavar="hf[:plain,assisted,prompt-lookup] | llama.cpp[:plain,speculative]",
+                   help="also time Hugging Face transformers generate (hf = all three) or "
+                        "llama.cpp's own plain and speculative decoding on the same GGUF "
+                        "weights (llama.cpp = both); repeatable")
     p.add_argument("--turns", choices=["first", "all"], default="first",
                    help="multi-turn prompts (MT-Bench): time the first turn or all turns")
     p.add_argument("--out", default=None,
@@ -62,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", nargs=2, metavar=("A", "B"),
                    help="diff two result folders and exit")
     # None = not given, so a preset can fill it in
-    p.set_defaults(func=run, max_new_tokens=None, temperature=None, seed=None)
+    p.set_defaults(func=run, max_new_tokens=None, temperature=None, seed=None, backend=None)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -74,10 +76,10 @@ def config_from_args(args: argparse.Namespace):
     if preset:
         values.update(methods=list(preset.methods), datasets=list(preset.datasets),
                       limit=preset.limit, max_new_tokens=preset.max_new_tokens,
-                      repeats=preset.repeats, peers=list(preset.peers))
+                      repeats=preset.repeats, peers=list(preset.peers), backend=preset.backend)
     given = dict(methods=args.methods, limit=args.limit, max_new_tokens=args.max_new_tokens,
                  temperature=args.temperature, seed=args.seed, repeats=args.repeats,
-                 peers=args.peers,
+                 peers=args.peers, backend=args.backend,
                  datasets=[d.strip() for d in args.datasets.split(",") if d.strip()]
                  if args.datasets else None)
     values.update({k: v for k, v in given.items() if v is not None})
@@ -86,7 +88,8 @@ def config_from_args(args: argparse.Namespace):
     out = args.out or f"bench-results/{args.preset or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
     return BenchConfig(
         target=args.target, draft=args.draft, dtype=args.dtype, threads=args.threads,
-        top_k=args.top_k, top_p=args.top_p, turns=args.turns, out=out, resume=args.resume,
+        top_k=args.top_k, top_p=args.top_p, turns=args.turns, out=out,
+        resume=args.resume,
         warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
         command="draftsman " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "", **values)
 

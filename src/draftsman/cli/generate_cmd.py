@@ -21,7 +21,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="weights: bf16 (default), fp32, or int8 weight-only (bf16 "
                              "activations; a quantised model, compare int8 with int8)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for PyTorch (default: all cores)")
+                        help="CPU threads for PyTorch / llama.cpp (default: all cores)")
+    parser.add_argument("--backend", default="torch", choices=["torch", "llama.cpp"],
+                        help="torch: our PyTorch models in --dtype (default); llama.cpp: the "
+                             "model's GGUF on llama.cpp's quantised kernels (catalogue names "
+                             "and .gguf files; --dtype is ignored)")
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, stop=args.stop, chat=args.chat, **method_options(args))
-    engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads)
+    engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
+                            backend=args.backend)
     if args.stream and not args.json:
         request = engine.prepare(prompt, **kwargs)
         t0 = time.perf_counter()

@@ -106,7 +106,8 @@ def build_app(args: argparse.Namespace):
     catalogue_draft = DEFAULT_DRAFTS.get(args.target)
     method, options = default_method(args, catalogue_draft)
     drafts = resident_drafts(args, catalogue_draft)
-    engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads)
+    engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
+                            backend=args.backend)
     for spec in drafts:
         engine.model(spec)
     main_draft = drafts[0] if drafts and drafts[0] != args.subdraft else None

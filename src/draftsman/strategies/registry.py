@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from draftsman.errors import InvalidArgumentError
+from draftsman.errors import InvalidArgumentError, UnsupportedError
 from draftsman.proposers.base import Proposer
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
@@ -127,9 +127,24 @@ BUILDERS = {
 }
 
 
+# What a method needs from the model that llama.cpp's API does not expose.
+TORCH_ONLY = {
+    "parallel-prompt": "prompt-token embeddings fed beside the tokens",
+    "pipelined": "hidden states of an intermediate layer",
+}
+
+
 def make_strategy(method: str, engine: Engine, options: dict[str, Any]) -> Strategy:
     builder = BUILDERS.get(method)
     if builder is None:
         raise InvalidArgumentError(
             f"unknown method {method!r}; choose from {', '.join(sorted(BUILDERS))}")
+    if getattr(engine, "backend", "torch") != "torch":
+        need = TORCH_ONLY.get(method)
+        if method == "big-little" and options.get("early_exit") is not None:
+            need = "hidden states of an intermediate layer (early_exit)"
+        if need:
+            raise UnsupportedError(
+                f"{method} needs {need}, which the {engine.backend} backend does not expose; "
+                "use --backend torch")
     return builder(engine, options)

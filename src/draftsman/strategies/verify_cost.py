@@ -32,7 +32,9 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 def verify_cost_curve(engine: Engine, max_tokens: int) -> dict[int, float]:
     """{n: cost of verifying n tokens / cost of one token} for n = 1..max_tokens."""
     threads = torch.get_num_threads()
-    path = profile_path(engine.target.name, dtype_name(engine.dtype), threads)
+    kind = "llama.cpp" if getattr(engine, "backend", "torch") == "llama.cpp" \
+        else dtype_name(engine.dtype)
+    path = profile_path(engine.target.name, kind, threads)
     latency = load_profile(path)
     if latency is None or 1 not in latency:
         print(f"draftsman: measuring {engine.target.name}'s verify cost once "
@@ -40,7 +42,7 @@ def verify_cost_curve(engine: Engine, max_tokens: int) -> dict[int, float]:
         latency = measure_latency(engine.target.model, PROFILE_LENGTHS, context=64,
                                   repeats=2)
         save_profile(path, latency, {"model": engine.target.name,
-                                     "dtype": dtype_name(engine.dtype), "threads": threads,
+                                     "dtype": kind, "threads": threads,
                                      "context": 64, "repeats": 2})
     base = latency[1]
     return {n: interpolate(latency, n) / base for n in range(1, max_tokens + 1)}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build llama.cpp -- the copy vendored in llama-cpp-python's pinned sdist -- with native CPU
+# flags into $VENV/llama.cpp, keeping the build tree there so later targets reuse it.
+#   scripts/build_llama_cpp.sh .venv                            shared libraries (make setup)
+#   scripts/build_llama_cpp.sh .venv llama-speculative-simple   llama.cpp's own speculative
+#                                                               example (the benchmark peer)
+# A stamp per target makes a repeated call a no-op.
+set -euo pipefail
+
+VENV=${1:-.venv}
+shift || true
+TARGETS=("${@:-llama}")
+VERSION=0.3.36
+PREFIX="$VENV/llama.cpp"
+SRC="$PREFIX/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
+BUILD="$PREFIX/build"
+
+todo=()
+for t in "${TARGETS[@]}"; do
+  [[ -f "$PREFIX/.built-$t-$VERSION" ]] || todo+=("$t")
+done
+[[ ${#todo[@]} -eq 0 ]] && exit 0
+
+if [[ ! -d "$SRC" ]]; then
+  mkdir -p "$PREFIX/src"
+  "$VENV/bin/pip" download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" \
+    -d "$PREFIX/src"
+  tar xzf "$PREFIX/src/llama_cpp_python-$VERSION.tar.gz" -C "$PREFIX/src"
+fi
+if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+  GENERATOR=()
+  if command -v ninja >/dev/null; then GENERATOR=(-G Ninja); fi
+  cmake -S "$SRC" -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=ON >/dev/null
+fi
+echo "building llama.cpp $VERSION (${todo[*]}) with native CPU flags; once, several minutes..."
+cmake --build "$BUILD" --parallel "$(nproc)" --target "${todo[@]}"
+
+mkdir -p "$PREFIX/lib" "$PREFIX/bin"
+find "$BUILD/bin" -maxdepth 1 -name '*.so*' -exec cp -P {} "$PREFIX/lib/" \;
+for t in "${todo[@]}"; do
+  if [[ -x "$BUILD/bin/$t" ]]; then cp "$BUILD/bin/$t" "$PREFIX/bin/"; fi
+  touch "$PREFIX/.built-$t-$VERSION"
+done
+echo "llama.cpp $VERSION: ${todo[*]} built into $PREFIX"

@@ -1,0 +1,164 @@
+"""The llama.cpp backend on the embedded GGUF models (SmolLM2 and the default Qwen pair).
+
+Exactness here is measured against this backend's own autoregressive output: llama.cpp's
+quantised kernels are not our bf16 ones, so the reference is llama.cpp decoding one token at
+a time on the same GGUF.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import draftsman
+from draftsman.backends.llama_cpp import LlamaCppLM
+from draftsman.bench.contestants import Sampling
+from draftsman.bench.peer_llama_cpp import LlamaCppPlainPeer
+from draftsman.errors import UnsupportedError
+from draftsman.models.base import LAST
+from draftsman.sparse_tree import measure_latency
+from draftsman.store.resolve import ensure_model, resolve_gguf
+
+pytestmark = pytest.mark.real
+
+SMOL = "smollm2-135m-instruct"
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+PROMPTS = ["Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+           "List three uses of a hash map and explain each in one sentence."]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    ensure_model(SMOL)
+    return draftsman.load(SMOL, backend="llama.cpp")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    ensure_model(TARGET)
+    ensure_model(DRAFT)
+    return draftsman.load(TARGET, draft=DRAFT, backend="llama.cpp")
+
+
+def test_model_follows_the_forward_contract(smol):
+    model = smol.target.model
+    assert isinstance(model, LlamaCppLM) and model.n_vocab == model.config.vocab_size
+    ids = smol.encode_prompt(PROMPTS[0])
+    cache = model.new_cache(len(ids) + 16)
+    t = torch.tensor([ids])
+    full = model(t, torch.arange(len(ids))[None], cache).logits  # [1, T, V]
+    assert full.shape == (1, len(ids), model.n_vocab) and cache.length == len(ids)
+    # rollback: drop the last 5 positions, feed them again, logits at the last row agree
+    cache.truncate(len(ids) - 5)
+    again = model(t[:, -5:], torch.arange(len(ids) - 5, len(ids))[None], cache,
+                  logits_at=LAST).logits
+    assert again.shape == (1, 1, model.n_vocab)
+    assert torch.allclose(again[0, 0], full[0, -1], atol=1e-2, rtol=1e-3)
+    assert int(again[0, 0].argmax()) == int(full[0, -1].argmax())
+    # logits at chosen rows only, in the order asked for
+    cache.truncate(len(ids) - 3)
+    rows = model(t[:, -3:], torch.arange(len(ids) - 3, len(ids))[None], cache,
+                 logits_at=torch.tensor([2, 0])).logits
+    assert rows.shape == (1, 2, model.n_vocab)
+    assert int(rows[0, 0].argmax()) == int(full[0, -1].argmax())
+    assert int(rows[0, 1].argmax()) == int(full[0, -3].argmax())
+
+
+def test_tree_forward_matches_each_branch_and_keep_folds_it(smol):
+    """Two branches after a shared root, in one batch: each node's logits equal those of a
+    linear forward over its own path, and keep(path) leaves exactly that path cached."""
+    model = smol.target.model
+    ids = smol.encode_prompt(PROMPTS[1])
+    n = len(ids)
+    a, b, c = 1000, 2000, 3000  # root a; branches a->b and a->c
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    cache = model.new_cache(n + 8)
+    model(torch.tensor([ids]), torch.arange(n)[None], cache, logits_at=LAST)
+    tree = model(torch.tensor([[a, b, c]]), torch.tensor([[n, n + 1, n + 1]]), cache,
+                 mask=mask).logits[0]
+    ref = model.new_cache(n + 8)
+    model(torch.tensor([ids]), torch.arange(n)[None], ref, logits_at=LAST)
+    for path, node in (([a, b], 1), ([a, c], 2)):
+        ref.truncate(n)
+        lin = model(torch.tensor([path]), torch.arange(n, n + 2)[None], ref).logits[0]
+        assert torch.allclose(tree[node], lin[1], atol=5e-2, rtol=1e-2)
+        assert int(tree[node].argmax()) == int(lin[1].argmax())
+    cache.keep([n, n + 2], n)  # accept a, c
+    assert cache.length == n + 2
+    nxt = model(torch.tensor([[7]]), torch.tensor([[n + 2]]), cache).logits[0, 0]
+    ref.truncate(n)
+    want = model(torch.tensor([[a, c, 7]]), torch.arange(n, n + 3)[None], ref).logits[0, -1]
+    ref.truncate(n)
+    wrong = model(torch.tensor([[a, b, 7]]), torch.arange(n, n + 3)[None], ref).logits[0, -1]
+    assert int(nxt.argmax()) == int(want.argmax())
+    # llama.cpp's attention over the compacted cells is not bit-identical to a linear pass
+    # (max |diff| ~0.5 here); attending to the wrong branch moves the logits ~10x more
+    assert (nxt - want).abs().max() < 0.2 * (wrong - want).abs().max()
+
+
+def check_exact(engine, runs, tokens: int) -> None:
+    for prompt in PROMPTS:
+        ref = engine.generate(prompt, max_new_tokens=tokens)
+        assert ref.new_tokens > 8
+        for method, options in runs:
+            got = engine.generate(prompt, max_new_tokens=tokens, method=method, **options)
+            assert got.token_ids == ref.token_ids, (method, options)
+
+
+def test_every_exact_strategy_equals_autoregressive_on_smollm2(smol):
+    check_exact(smol, [
+        ("speculative", {"draft": "ngram", "gamma": 3}),
+        ("speculative", {"draft": "prompt-lookup", "gamma": "auto"}),
+        ("speculative", {"draft": SMOL, "gamma": 4}),  # self-drafting: all accepted
+        ("speculative", {"draft": SMOL, "gamma": "auto"}),
+        ("staged", {"draft": SMOL, "subdraft": "ngram"}),
+        ("big-little", {"draft": SMOL, "fallback": 0.9, "rollback": 1.0}),
+    ], tokens=48)
+
+
+def test_every_exact_strategy_equals_autoregressive_on_default_pair(pair):
+    check_exact(pair, [
+        ("speculative", {"draft": DRAFT, "gamma": 4}),
+        ("speculative", {"draft": DRAFT, "gamma": "auto"}),
+        ("speculative", {"draft": "ngram", "gamma": "auto"}),
+        ("speculative", {"draft": "prompt-lookup", "gamma": 2}),
+        ("staged", {"draft": DRAFT, "subdraft": "prompt-lookup"}),
+    ], tokens=40)
+
+
+def test_sampling_runs_and_is_seeded(smol):
+    a = smol.generate(PROMPTS[0], max_new_tokens=24, method="speculative", draft=SMOL,
+                      temperature=0.8, seed=3)
+    b = smol.generate(PROMPTS[0], max_new_tokens=24, method="speculative", draft=SMOL,
+                      temperature=0.8, seed=3)
+    assert a.token_ids == b.token_ids and a.new_tokens > 0
+
+
+def test_methods_that_need_hidden_states_refuse_clearly(smol):
+    for method, options in (("pipelined", {}), ("parallel-prompt", {}),
+                            ("big-little", {"early_exit": 10})):
+        with pytest.raises(UnsupportedError, match="--backend torch"):
+            smol.generate(PROMPTS[0], max_new_tokens=4, method=method, **options)
+
+
+def test_folder_and_unknown_backend_are_refused(tmp_path):
+    folder = ensure_model(SMOL)
+    with pytest.raises(draftsman.DraftsmanError, match="GGUF|gguf"):
+        draftsman.load(str(folder), backend="llama.cpp")
+    with pytest.raises(draftsman.DraftsmanError, match="unknown backend"):
+        draftsman.load(SMOL, backend="onnx")
+
+
+def test_verify_cost_profile_on_the_backend(smol):
+    latency = measure_latency(smol.target.model, (1, 4, 16), context=32, repeats=2)
+    assert set(latency) == {1, 4, 16} and all(v > 0 for v in latency.values())
+    assert latency[16] > latency[1]  # more rows cost more on a CPU
+
+
+def test_plain_peer_matches_our_autoregressive(smol):
+    ids = smol.encode_prompt(PROMPTS[0])
+    ref = smol.generate(ids, max_new_tokens=32)
+    peer = LlamaCppPlainPeer(resolve_gguf(SMOL), torch.get_num_threads(),
+                             smol.target.tokenizer.eos_token_ids)
+    out = peer.run(ids, Sampling(max_new_tokens=32), seed=0)
+    assert out.token_ids == ref.token_ids and out.seconds > 0
