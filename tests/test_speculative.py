@@ -225,3 +225,18 @@ def test_broken_acceptance_rule_is_detected(small_vocab, monkeypatch):
     expected = exact_joint(target, prompt, 3, SamplingConfig(temperature=1.0))
     counts = sampled_counts(spec, prompt, 3, dict(temperature=1.0))
     assert chi_square_pvalue(counts, expected, DRAWS) < 1e-6
+
+
+def test_cost_policy_plans_deterministic_guesses_by_match_length():
+    """Guesses of a match length that keeps failing are not verified (plain decoding);
+    those of a length that keeps succeeding are, as many as pay on the verify cost curve."""
+    from draftsman.strategies.gamma import CostModelGamma, Feedback
+
+    policy = CostModelGamma(max_gamma=8, verify_cost={n: 1 + 0.6 * (n - 1) for n in range(1, 10)})
+    for _ in range(12):
+        policy.update(Feedback(2, 0, True, 0.0, 0, 0.05, key=1))
+        policy.update(Feedback(4, 4, False, 0.0, 0, 0.05, key=3))
+    assert policy.plan(6, 1) == 0
+    assert 2 <= policy.plan(6, 3) <= 6
+    assert policy.plan(6, 9) >= 1  # never seen: probed with at least one guess
+    assert CostModelGamma().plan(3, None) <= 3

@@ -115,12 +115,15 @@ class LlamaCppSpeculativePeer(Contestant):
             cmd = [str(self.program), "-m", str(self.target), "-md", str(self.draft),
                    "-f", f.name, "-n", str(sampling.max_new_tokens), "--temp", "0",
                    "-t", str(self.threads), "-td", str(self.threads), "-tb", str(self.threads),
-                   "-c", str(len(prompt_ids) + sampling.max_new_tokens + 64), "--seed", "0"]
+                   "-c", str(len(prompt_ids) + sampling.max_new_tokens + 64), "--seed", "0",
+                   "--spec-type", "draft-simple"]
             r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         if r.returncode != 0:
             raise BackendError(f"{SPECULATIVE_BINARY} failed ({r.returncode}): "
                                f"{r.stderr.strip().splitlines()[-1:]}")
-        timings = {kind: float(sec) for kind, _, sec in _TIMING.findall(r.stderr + r.stdout)}
+        found = _TIMING.findall(r.stderr + r.stdout)
+        timings = {kind: float(sec) for kind, _, sec in found}
+        decoded = next((int(n) for kind, n, _ in found if kind == "decoded"), 0)
         if set(timings) != {"encoded", "decoded"}:
             raise BackendError(f"{SPECULATIVE_BINARY}: no timing in its output")
         accept = _ACCEPT.findall(r.stderr + r.stdout)
@@ -130,6 +133,9 @@ class LlamaCppSpeculativePeer(Contestant):
         start = text.find(prompt)
         generated = text[start + len(prompt):] if start >= 0 else text
         ids = self.tokenizer.encode(generated.rstrip("\n"), special=False)
+        eos = self.tokenizer.backend.token_to_id(self.tokenizer.eos_token or "")
+        if len(ids) < decoded and decoded < sampling.max_new_tokens and eos is not None:
+            ids.append(eos)  # it stopped at end-of-generation, which it does not print
         new = clip_new_tokens(ids, self.eos, sampling.max_new_tokens)
         return Outcome(new, timings["encoded"] + timings["decoded"], None, None,
                        "eos" if new and new[-1] in self.eos else "length")

@@ -41,11 +41,12 @@ class NGramProposer(Proposer):
                 slot[nxt] = (count + 1, t)
         self.indexed = list(committed)
 
-    def _next(self, seq: list[int]) -> int | None:
+    def _next(self, seq: list[int]) -> tuple[int, int] | None:
+        """(most likely next token, length of the context that predicted it)."""
         for k in range(min(self.order - 1, len(seq)), 0, -1):
             slot = self.table.get(tuple(seq[-k:]))
             if slot:
-                return max(slot.items(), key=lambda item: item[1])[0]
+                return max(slot.items(), key=lambda item: item[1])[0], k
         return None
 
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
@@ -55,10 +56,13 @@ class NGramProposer(Proposer):
         self._index(committed)
         seq = list(committed)
         guess: list[int] = []
+        match = 0
         for _ in range(gamma):
-            token = self._next(seq)
-            if token is None:
+            found = self._next(seq)
+            if found is None:
                 break
+            token, k = found
+            match = match or k
             guess.append(token)
             seq.append(token)
-        return Proposal(guess, None)
+        return Proposal(guess, None, extra={"match": match} if guess else {})

@@ -29,5 +29,5 @@ class PromptLookupProposer(Proposer):
                 if committed[i] == first and committed[i : i + n] == suffix:
                     guess = committed[i + n : i + n + gamma]
                     if guess:
-                        return Proposal(guess, None)
+                        return Proposal(guess, None, extra={"match": n})
         return Proposal([], None)

@@ -27,11 +27,13 @@ class Feedback:
     draft_seconds: float
     draft_forwards: int
     verify_seconds: float
+    key: int | None = None  # a deterministic drafter's match length (see CostModelGamma.plan)
 
 
 class GammaPolicy:
     name = "fixed"
     stop_below: float | None = None
+    plans_guesses = False  # True: deterministic drafters propose max_gamma, `plan` trims
 
     def __init__(self, gamma: int = 4, max_gamma: int = 16) -> None:
         self.gamma = gamma
@@ -39,6 +41,11 @@ class GammaPolicy:
 
     def next_gamma(self) -> int:
         return self.gamma
+
+    def plan(self, guesses: int, key: int | None) -> int:
+        """How many of a deterministic drafter's `guesses` to verify (all, unless a policy
+        knows better)."""
+        return guesses
 
     def update(self, fb: Feedback) -> None:
         pass
@@ -76,9 +83,17 @@ class AcceptanceGamma(GammaPolicy):
 
 
 class CostModelGamma(GammaPolicy):
-    """Picks γ from the analytic speedup with running α and c; may choose γ = 0."""
+    """Picks γ from the analytic speedup with running α and c; may choose γ = 0.
+
+    For a deterministic drafter (n-gram, prompt lookup) guessing is nearly free, so the
+    drafter proposes up to max_gamma and `plan` keeps the γ that maximises expected tokens
+    per unit time for the acceptance rate *of guesses like these*: α is also tracked per
+    match length (the drafter's `extra["match"]`), since a 3-token match continues far more
+    often than a 1-token one. Where no guess pays, it verifies none: plain decoding.
+    """
 
     name = "cost"
+    plans_guesses = True
 
     def __init__(self, gamma: int = 4, max_gamma: int = 12, stop_below: float | None = 0.3,
                  memory: float = 0.9, prior_alpha: float = 0.7, prior_cost: float = 0.3,
@@ -91,6 +106,21 @@ class CostModelGamma(GammaPolicy):
         self.cost = prior_cost
         self.verify_cost = verify_cost or {}  # tokens verified -> cost relative to 1 token
         self.idle = 0  # steps without drafting; after a few, probe with γ = 1 to refresh α
+        self.by_key: dict[int, list[float]] = {}  # match length -> [accepts, trials]
+
+    def _best_gamma(self, alpha: float, limit: int) -> int:
+        verify = self.verify_cost
+        return max(range(0, limit + 1), key=lambda g: expected_tokens_per_step(alpha, g) / (
+            g * self.cost + verify.get(g + 1, 1.0)))
+
+    def plan(self, guesses: int, key: int | None) -> int:
+        if key is None:
+            return min(guesses, self.gamma)
+        accepts, trials = self.by_key.get(key, (2 * self.alpha, 2.0))
+        keep = self._best_gamma(min(accepts / trials, 0.99), guesses)
+        if keep == 0 and key not in self.by_key:
+            keep = 1  # never seen: one guess to learn how such matches fare
+        return keep
 
     @property
     def alpha(self) -> float:
@@ -102,6 +132,10 @@ class CostModelGamma(GammaPolicy):
             m = self.memory
             self.accepts = m * self.accepts + fb.accepted
             self.trials = m * self.trials + fb.accepted + (1 if fb.rejected else 0)
+            if fb.key is not None:
+                counts = self.by_key.setdefault(fb.key, [2 * self.alpha, 2.0])
+                counts[0] = m * counts[0] + fb.accepted
+                counts[1] = m * counts[1] + fb.accepted + (1 if fb.rejected else 0)
             if fb.verify_seconds > 0:
                 # c per drafted token (a model drafter spends one forward per token; n-gram
                 # and lookup drafters almost nothing) relative to a one-token target forward
@@ -109,8 +143,7 @@ class CostModelGamma(GammaPolicy):
                 c = (fb.draft_seconds / fb.drafted) / one_token
                 self.cost = m * self.cost + (1 - m) * c
             self.idle = 0
-        self.gamma = max(range(0, self.max_gamma + 1), key=lambda g: expected_tokens_per_step(
-            self.alpha, g) / (g * self.cost + verify.get(g + 1, 1.0)))
+        self.gamma = self._best_gamma(self.alpha, self.max_gamma)
         if self.gamma == 0:
             self.idle += 1
             if self.idle >= 8:

@@ -65,10 +65,16 @@ class Speculative(Strategy):
         with timer("draft"):
             self.proposer.start(prompt_ids, capacity)
         while not budget.done:
-            gamma = min(policy.next_gamma(), budget.remaining - 1)
+            planned = policy.plans_guesses and not self.proposer.uses_model
+            gamma = min(policy.max_gamma if planned else policy.next_gamma(),
+                        budget.remaining - 1)
             with timer("draft"):
                 proposal = (self.proposer.propose(committed, gamma, sampler, policy.stop_below)
                             if gamma > 0 else Proposal([], None))
+            key = proposal.extra.get("match") if planned else None
+            if planned and proposal.tokens:
+                proposal.tokens = proposal.tokens[: policy.plan(len(proposal.tokens), key)]
+                gamma = len(proposal.tokens)
             with timer("verify"):
                 verdict = verify_step(target, committed, proposal, sampler)
             new = budget.clip(proposal.tokens[: verdict.accepted] + [verdict.next_token])
@@ -80,7 +86,7 @@ class Speculative(Strategy):
             drafted = len(proposal.tokens)
             policy.update(Feedback(drafted, verdict.accepted, verdict.rejected,
                                    seconds.get("draft", 0.0), proposal.forwards,
-                                   seconds["verify"]))
+                                   seconds["verify"], key))
             kept_drafts = min(verdict.accepted, len(new))
             yield Step(
                 new,
