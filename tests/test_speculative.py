@@ -240,3 +240,22 @@ def test_cost_policy_plans_deterministic_guesses_by_match_length():
     assert 2 <= policy.plan(6, 3) <= 6
     assert policy.plan(6, 9) >= 1  # never seen: probed with at least one guess
     assert CostModelGamma().plan(3, None) <= 3
+
+
+def test_cost_policy_probes_only_when_probing_is_free():
+    """After settling at γ = 0 the policy re-probes with γ = 1 every 8 steps, unless probes
+    are off (a draft model would first have to read every token it skipped)."""
+    from draftsman.strategies.gamma import CostModelGamma, Feedback
+
+    def run(probe: bool) -> list[int]:
+        policy = CostModelGamma(verify_cost={n: float(n) for n in range(1, 14)})
+        policy.probe = probe
+        policy.update(Feedback(4, 0, True, 0.4, 4, 0.1))  # useless and costly guesses
+        seen = []
+        for _ in range(20):
+            seen.append(policy.next_gamma())
+            policy.update(Feedback(0, 0, False, 0.0, 0, 0.1))
+        return seen
+
+    assert set(run(probe=False)) == {0}
+    assert 1 in run(probe=True)

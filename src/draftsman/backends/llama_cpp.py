@@ -39,14 +39,16 @@ from draftsman.models.config import ModelConfig
 LIBRARY_ENV = "DRAFTSMAN_LLAMA_CPP"
 MAX_SEQUENCES = 16  # tree leaves one verify may hold
 BATCH = 512  # tokens per llama_decode call for long inputs (prompts)
-# llama.cpp's CPU matmuls are not batch-invariant: a ubatch of 4+ rows goes through the
+# llama.cpp's CPU kernels are not batch-invariant: a ubatch of 4+ rows goes through the
 # repacked GEMM kernels, whose logits differ from the one-row GEMV path by up to ~0.6 (1.5B,
 # Q4_K). Up to 3 rows every row takes the GEMV path and is bit-identical to decoding it alone,
 # so short inputs (verify, catch-up) are fed in pieces of EXACT_ROWS: greedy speculation then
-# reproduces this backend's own token-by-token output exactly. It costs nothing measurable
-# here: 3 + 2 rows take about as long as 5 rows in one call.
+# reproduces this backend's own token-by-token output exactly (with the attention settings
+# in `new_cache`). It costs nothing measurable here: 3 + 2 rows take about as long as 5 rows
+# in one call.
 EXACT_ROWS = 3
 SHORT = 64  # inputs up to this many tokens are split into EXACT_ROWS pieces
+CONTEXT_STEP = 4096
 
 _lock = threading.RLock()  # re-entrant: a cache finalizer may run while it is held
 _lib: Any = None
@@ -204,7 +206,7 @@ class LlamaCppLM:
             reuse = self._idle.pop(min(fits, key=lambda i: self._idle[i][1])) if fits else None
         if reuse is not None:
             return LlamaCppCache(self, *reuse)
-        n_ctx = -(-capacity // 256) * 256  # round up: contexts are reused across requests
+        n_ctx = -(-capacity // CONTEXT_STEP) * CONTEXT_STEP
         params = self.lib.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = BATCH
@@ -212,6 +214,11 @@ class LlamaCppLM:
         params.kv_unified = True  # sequences share cells: a tree's branches share the prefix
         params.n_threads = params.n_threads_batch = self.threads
         params.no_perf = True
+        # Flash attention over a Q8_0 KV cache: with an f16/f32 cache, llama.cpp switches a
+        # one-row decode to a split-KV kernel once 512+ cells are in use, and its sums differ
+        # from the multi-row kernel's; a quantised cache keeps every row on the same kernel
+        params.flash_attn_type = self.lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_k = params.type_v = self.lib.GGML_TYPE_Q8_0
         ctx = self.lib.llama_init_from_model(self.handle, params)
         if not ctx:
             raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens")

@@ -129,9 +129,12 @@ class LlamaCppSpeculativePeer(Contestant):
         accept = _ACCEPT.findall(r.stderr + r.stdout)
         if accept:
             self.acceptance.append(float(accept[-1]) / 100)
-        text = r.stdout
-        start = text.find(prompt)
-        generated = text[start + len(prompt):] if start >= 0 else text
+        # it echoes the prompt but its last token, then the new text
+        head = self.tokenizer.backend.decode(prompt_ids[:-1], skip_special_tokens=False)
+        start = r.stdout.find(head)
+        if start < 0:
+            raise BackendError(f"{SPECULATIVE_BINARY}: its output does not echo the prompt")
+        generated = r.stdout[start + len(head):]
         ids = self.tokenizer.encode(generated.rstrip("\n"), special=False)
         eos = self.tokenizer.backend.token_to_id(self.tokenizer.eos_token or "")
         if len(ids) < decoded and decoded < sampling.max_new_tokens and eos is not None:

@@ -107,6 +107,10 @@ class CostModelGamma(GammaPolicy):
         self.verify_cost = verify_cost or {}  # tokens verified -> cost relative to 1 token
         self.idle = 0  # steps without drafting; after a few, probe with γ = 1 to refresh α
         self.by_key: dict[int, list[float]] = {}  # match length -> [accepts, trials]
+        # Probing a draft *model* after it stopped paying is not free: the draft must first
+        # read every token committed since it last ran. The strategy turns probes off for
+        # model drafters, so "do not speculate" really costs nothing once decided.
+        self.probe = True
 
     def _best_gamma(self, alpha: float, limit: int) -> int:
         verify = self.verify_cost
@@ -144,7 +148,7 @@ class CostModelGamma(GammaPolicy):
                 self.cost = m * self.cost + (1 - m) * c
             self.idle = 0
         self.gamma = self._best_gamma(self.alpha, self.max_gamma)
-        if self.gamma == 0:
+        if self.gamma == 0 and self.probe:
             self.idle += 1
             if self.idle >= 8:
                 self.gamma, self.idle = 1, 0
