@@ -198,3 +198,24 @@ def test_plain_peer_matches_our_autoregressive(smol):
                              smol.target.tokenizer.eos_token_ids)
     out = peer.run(ids, Sampling(max_new_tokens=32), seed=0)
     assert out.token_ids == ref.token_ids and out.seconds > 0
+
+
+def test_concurrent_requests_on_one_model_stay_exact(smol):
+    """The server runs requests in threads: each gets its own llama.cpp context, and the
+    model's shared batch buffer is taken in turns."""
+    import threading
+
+    prompts = ["Write a haiku about the sea.", "List three colors.", "What is 2+2?"]
+    ref = {p: smol.generate(p, max_new_tokens=24).token_ids for p in prompts}
+    got: dict[str, list[int]] = {}
+
+    def run(p: str) -> None:
+        got[p] = smol.generate(p, max_new_tokens=24, method="speculative",
+                               draft="prompt-lookup").token_ids
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == ref

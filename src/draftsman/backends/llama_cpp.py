@@ -190,6 +190,9 @@ class LlamaCppLM:
                                  f"config says {config.vocab_size}")
         self._idle: list[tuple[Any, int]] = []  # contexts free for the next cache
         self._batch = lib.llama_batch_init(BATCH, 0, MAX_SEQUENCES)
+        # one batch buffer per model: concurrent requests (the server) take turns filling it;
+        # each decode uses every core anyway
+        self._decode_lock = threading.Lock()
         self.dtype = torch.float32  # logits dtype
         weakref.finalize(self, _free_model, lib, self.handle, self._batch, self._idle)
 
@@ -269,7 +272,8 @@ class LlamaCppLM:
             cache._drop_tree()
             for s in range(1, 1 + max(max(x) for x in seqs)):
                 self.lib.llama_memory_seq_cp(cache.memory, 0, s, -1, start)
-        out = self._decode(cache.ctx, ids, pos, seqs, rows)
+        with self._decode_lock:
+            out = self._decode(cache.ctx, ids, pos, seqs, rows)
         cache.length = start + n
         if seqs is not None:
             cache.tree, cache.tree_start = seqs, start
