@@ -141,23 +141,23 @@ class LlamaCppCache:
 
     def keep(self, slots: torch.Tensor | list[int], start: int) -> None:
         """Keep the tree nodes at `slots` (a root path, ascending) as positions start..."""
-        nodes = [int(s) - self.tree_start for s in torch.as_tensor(slots).tolist()]
+        slots = torch.as_tensor(slots).tolist()
         if self.tree is None:  # a linear forward: the path is a prefix of it
-            if nodes != list(range(start - self.tree_start, start - self.tree_start
-                                   + len(nodes))):
+            if slots != list(range(start, start + len(slots))):
                 raise ValueError("keep() on a linear forward needs consecutive slots")
-            self.truncate(start + len(nodes))
+            self.truncate(start + len(slots))
             return
+        nodes = [int(s) - self.tree_start for s in slots]
         if start != self.tree_start:
             raise ValueError("keep() must start where the tree forward started")
         seqs = set.intersection(*(self.tree[n] for n in nodes)) if nodes else {0}
         seq = min(seqs)
-        mem = self.lib
-        mem.llama_memory_seq_keep(self.memory, seq)  # only the prefix and seq's branch remain
-        mem.llama_memory_seq_rm(self.memory, seq, start + len(nodes), -1)
+        lib = self.lib
+        lib.llama_memory_seq_keep(self.memory, seq)  # only the prefix and seq's branch remain
+        lib.llama_memory_seq_rm(self.memory, seq, start + len(nodes), -1)
         if seq != 0:
-            mem.llama_memory_seq_cp(self.memory, seq, 0, -1, -1)
-            mem.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            lib.llama_memory_seq_cp(self.memory, seq, 0, -1, -1)
+            lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
         self.tree = None
         self.length = start + len(nodes)
 
@@ -264,9 +264,7 @@ class LlamaCppLM:
         pos = positions[0].tolist()
         n = len(ids)
         cache.check_room(start + n)
-        rows = list(range(n)) if logits_at is None else torch.arange(n)[logits_at].tolist()
-        if logits_at is None:
-            rows = []
+        rows = [] if logits_at is None else torch.arange(n)[logits_at].tolist()
         seqs = self._sequences(mask, n)
         if seqs is not None:
             cache._drop_tree()
@@ -303,7 +301,8 @@ class LlamaCppLM:
         if seqs is not None and len(ids) > SHORT:
             raise UnsupportedError(f"a tree over {SHORT} nodes")
         piece = EXACT_ROWS if len(ids) <= SHORT else BATCH
-        pieces = []
+        logits = torch.empty(len(want), self.n_vocab) if want else None  # batch order
+        filled = 0
         b = self._batch
         for lo in range(0, len(ids), piece):
             hi = min(lo + piece, len(ids))
@@ -321,16 +320,15 @@ class LlamaCppLM:
             code = self.lib.llama_decode(ctx, b)
             if code != 0:
                 raise BackendError(f"llama_decode failed with code {code}")
-            if outputs:
+            if outputs:  # one copy, straight out of llama.cpp's buffer
                 ptr = self.lib.llama_get_logits(ctx)
                 arr = np.ctypeslib.as_array(ptr, shape=(outputs, self.n_vocab))
-                pieces.append(torch.from_numpy(arr.copy()))
-        if not pieces:
-            return None
-        logits = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        order = sorted(want)  # llama.cpp returns outputs in batch order
-        if order != rows:
-            logits = logits[[order.index(r) for r in rows]]
+                logits[filled:filled + outputs] = torch.from_numpy(arr)
+                filled += outputs
+        order = sorted(want)
+        if logits is not None and order != rows:
+            where = {r: k for k, r in enumerate(order)}
+            logits = logits[[where[r] for r in rows]]
         return logits
 
     def head(self, hidden: torch.Tensor, exit_head: Any = None) -> torch.Tensor:

@@ -30,14 +30,9 @@ DPI = 110
 
 def save_verify_cost(out: Path, engine: Any) -> None:
     """Copy the target's verify-latency profile (if one was measured) into the run folder."""
-    import torch
+    from draftsman.strategies.verify_cost import engine_profile_path
 
-    from draftsman.sparse_tree import profile_path
-    from draftsman.strategies.verify_cost import dtype_name
-
-    kind = "llama.cpp" if getattr(engine, "backend", "torch") == "llama.cpp" \
-        else dtype_name(engine.dtype)
-    src = profile_path(engine.target.name, kind, torch.get_num_threads())
+    src = engine_profile_path(engine)
     if src.is_file():
         shutil.copyfile(src, Path(out) / VERIFY_COST)
 

@@ -108,7 +108,7 @@ class CostModelGamma(GammaPolicy):
         self.idle = 0  # steps without drafting; after a few, probe with γ = 1 to refresh α
         self.by_key: dict[int, list[float]] = {}  # match length -> [accepts, trials]
         # Probing a draft *model* after it stopped paying is not free: the draft must first
-        # read every token committed since it last ran. The strategy turns probes off for
+        # read every token committed since it last ran. The registry turns probes off for
         # model drafters, so "do not speculate" really costs nothing once decided.
         self.probe = True
 

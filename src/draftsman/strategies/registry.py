@@ -49,10 +49,12 @@ def _int(value: Any, name: str, minimum: int = 1) -> int:
     return out
 
 
-def _calibrate(policy: GammaPolicy, engine: Engine) -> None:
-    """The cost-model policy needs this machine's verify cost curve."""
+def _calibrate(policy: GammaPolicy, engine: Engine, proposer: Proposer) -> None:
+    """The cost-model policy needs this machine's verify cost curve, and must not re-probe a
+    draft model once it has stopped paying (the draft would first read every skipped token)."""
     if isinstance(policy, CostModelGamma):
         policy.verify_cost = verify_cost_curve(engine, policy.max_gamma + 1)
+        policy.probe = not proposer.uses_model
 
 
 def build_autoregressive(engine: Engine, options: dict[str, Any]) -> Strategy:
@@ -67,7 +69,7 @@ def build_speculative(engine: Engine, options: dict[str, Any]) -> Strategy:
     policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
     policy.max_gamma = max(policy.max_gamma, policy.gamma)
     proposer = make_proposer(str(spec), engine)
-    _calibrate(policy, engine)
+    _calibrate(policy, engine, proposer)
     return Speculative(engine.target.model, proposer, policy)
 
 
@@ -81,7 +83,7 @@ def build_staged(engine: Engine, options: dict[str, Any]) -> Strategy:
     middle = StagedProposer(engine.model(draft).model, sub, _int(o["subgamma"], "subgamma"))
     policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
     policy.max_gamma = max(policy.max_gamma, policy.gamma)
-    _calibrate(policy, engine)
+    _calibrate(policy, engine, middle)
     return Speculative(engine.target.model, middle, policy)
 
 

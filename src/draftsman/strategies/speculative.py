@@ -22,7 +22,7 @@ from draftsman.strategies.base import (
     Timer,
     check_fits,
 )
-from draftsman.strategies.gamma import CostModelGamma, Feedback, GammaPolicy
+from draftsman.strategies.gamma import Feedback, GammaPolicy
 from draftsman.verify import Verdict, verify_greedy, verify_sampling
 
 
@@ -56,8 +56,6 @@ class Speculative(Strategy):
         budget = Budget(config)
         timer = Timer()
         policy = self.policy
-        if isinstance(policy, CostModelGamma):
-            policy.probe = not self.proposer.uses_model
         with timer("verify"):
             logits = target.feed(prompt_ids, logits_at=LAST).logits[0, -1]
             first = budget.clip([sampler.pick(logits)])

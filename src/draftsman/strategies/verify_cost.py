@@ -6,6 +6,7 @@ CPUs without native bf16 matmuls v(n) grows almost linearly, and the best γ dif
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,12 +30,21 @@ def dtype_name(dtype: torch.dtype | str) -> str:
         dtype, str(dtype))
 
 
+def engine_kind(engine: Engine) -> str:
+    """What a verify-cost profile is keyed by besides model and threads."""
+    return "llama.cpp" if getattr(engine, "backend", "torch") == "llama.cpp" \
+        else dtype_name(engine.dtype)
+
+
+def engine_profile_path(engine: Engine) -> Path:
+    return profile_path(engine.target.name, engine_kind(engine), torch.get_num_threads())
+
+
 def verify_cost_curve(engine: Engine, max_tokens: int) -> dict[int, float]:
     """{n: cost of verifying n tokens / cost of one token} for n = 1..max_tokens."""
     threads = torch.get_num_threads()
-    kind = "llama.cpp" if getattr(engine, "backend", "torch") == "llama.cpp" \
-        else dtype_name(engine.dtype)
-    path = profile_path(engine.target.name, kind, threads)
+    kind = engine_kind(engine)
+    path = engine_profile_path(engine)
     latency = load_profile(path)
     if latency is None or 1 not in latency:
         print(f"draftsman: measuring {engine.target.name}'s verify cost once "
