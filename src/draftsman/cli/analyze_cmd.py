@@ -4,6 +4,9 @@
                                timeline vs Theorem 4.1, and the trade-off plots (Figures 3-4)
     analyze pipelined-latency  measured latency of `pipelined` against `autoregressive` with
                                1 and 2 threads, in the layout of the paper's Table 3
+    analyze parallel-prompt    prompt-token accuracy by distance, τ of dynamic / static /
+                               random trees, predicted vs measured speedup per tree size
+                               (the parallel prompt decoding paper's Figures 6, 8a, 8b/c)
 """
 
 from __future__ import annotations
@@ -94,6 +97,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--raw", action="store_true")
     q.add_argument("--out", type=Path, default=None, help="write results JSON + markdown here")
     q.set_defaults(func=run_latency)
+
+    r = sub.add_parser(
+        "parallel-prompt", help="prompt-token accuracy, tree τ and speedup per tree size",
+        description="Time autoregressive and parallel-prompt at several tree sizes "
+                    "(interleaved, same token ids), then replay the decoder on the greedy "
+                    "replies for every tree kind and size: per-distance accuracy (Figure 6), "
+                    "dynamic vs static vs random τ (8a), predicted vs measured speedup with "
+                    "this CPU's forward latency profile (8b/c). Writes tables, JSON, PNGs "
+                    "and report.html.")
+    r.add_argument("--target", default=DEFAULT_TARGET)
+    r.add_argument("--dtype", default="int8", choices=["bf16", "fp32", "int8"],
+                   help="int8 (default): this CPU's cheapest multi-row forward")
+    r.add_argument("--datasets", default="humaneval,mt-bench")
+    r.add_argument("--limit", type=int, default=4, help="prompts per dataset")
+    r.add_argument("--max-new-tokens", type=int, default=64)
+    r.add_argument("--sizes", default="1,2,3,4,6,8,12,16,24,32,48,64",
+                   help="tree sizes (rows per forward) to replay")
+    r.add_argument("--kinds", default="dynamic,static,random")
+    r.add_argument("--time-sizes", default="2,4,8,16",
+                   help="tree sizes to time against autoregressive (subset of --sizes)")
+    r.add_argument("--also", action="append", default=None, metavar="METHOD",
+                   help="another method to time side by side, e.g. "
+                        "speculative:drafter=ngram,gamma=auto (repeatable)")
+    r.add_argument("--prompt-tokens", default=None,
+                   help="prompt-token folder (default: the ones shipped for the target)")
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", type=Path, default=Path("parallel-prompt"))
+    r.set_defaults(func=run_parallel_prompt)
+
+
+def run_parallel_prompt(args: argparse.Namespace) -> int:
+    from draftsman.analysis import prompt_decoding_run as pdr
+
+    settings = pdr.settings_from(args)
+    pdr.check(settings)
+    result = pdr.run(settings, args.out)
+    path = pdr.write(result, args.out, "draftsman " + " ".join(sys.argv[1:]))
+    print(path.read_text())
+    print(f"wrote {path}, {args.out / 'report.html'}", file=sys.stderr)
+    return 0
 
 
 # ----------------------------------------------------------------------------- match rate

@@ -170,7 +170,7 @@ def build(engine, options: dict) -> Strategy:
         "prompt_tokens": None, "tree": "dynamic", "tree_size": "auto", "count": 3, "epts": 1,
         "seed": 0, "threshold": 0.09, "typical_alpha": 0.3, "draft": None,
         "draft_prompt_tokens": None, "draft_tree_size": "auto", "gamma": 6, "max_gamma": 12})
-    dtype = DTYPE_NAMES.get(str(engine.dtype), "bf16")
+    dtype = DTYPE_NAMES.get(str(engine.dtype), str(engine.dtype))  # "int8" stays "int8"
     count, epts, seed = _int(o["count"], "count"), _int(o["epts"], "epts"), _int(
         o["seed"], "seed", 0)
     if o["draft"]:

@@ -105,13 +105,11 @@ def insertion_points(n_tokens: int, first: int, m: int, count: int,
     return sorted(gen.sample(pool, min(count, len(pool))))
 
 
-def distill_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points: list[int]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward over the sequence with prompt chains at `points`.
+def _chains(model: DecoderLM, emb: torch.Tensor, ids: list[int], points: list[int]
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward over the sequence with a chain of the m prompt tokens after each point.
 
-    Returns student logits [I, m, V] (EPT-averaged, differentiable w.r.t. emb [m, n, H]) and
-    teacher logits [I, m, V] (the target at real rows t+i, detached).
-    """
+    Returns the hidden states [S + P, H] and the rows of the chains [I, m, n] (EPT n)."""
     m, n, _ = emb.shape
     s = len(ids)
     marks = set(points)
@@ -126,10 +124,29 @@ def distill_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points:
     _grad_ready(model)
     out = _FORWARD(model, None, pos, _NoCache(), mask=lay.mask, inputs_embeds=embeds,
                    logits_at=None, start=0)
-    hidden = out.hidden[0]  # [S + P, H]
-    pt = torch.tensor(points, dtype=torch.long)
-    rows = lay.prompt_rows[pt]  # [I, m, n]
+    return out.hidden[0], lay.prompt_rows[torch.tensor(points, dtype=torch.long)]
+
+
+def chain_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points: list[int]
+                  ) -> torch.Tensor:
+    """The prompt tokens' guesses after each point: logits [I, m, V], EPT-averaged; prompt
+    token i after point t guesses token t + 1 + i (as in the decoder's tree)."""
+    m, n, _ = emb.shape
+    hidden, rows = _chains(model, emb, ids, points)
+    return model.head(hidden[rows.reshape(-1)]).float().view(len(points), m, n, -1).mean(2)
+
+
+def distill_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points: list[int]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward over the sequence with prompt chains at `points`.
+
+    Returns student logits [I, m, V] (EPT-averaged, differentiable w.r.t. emb [m, n, H]) and
+    teacher logits [I, m, V] (the target at real rows t+i, detached).
+    """
+    m, n, _ = emb.shape
+    hidden, rows = _chains(model, emb, ids, points)
     student = model.head(hidden[rows.reshape(-1)]).float().view(len(points), m, n, -1).mean(2)
+    pt = torch.tensor(points, dtype=torch.long)
     teacher_rows = pt[:, None] + torch.arange(1, m + 1)[None]  # [I, m]
     with torch.no_grad():
         teacher = model.head(hidden[teacher_rows.reshape(-1)].detach()).float()
