@@ -171,3 +171,28 @@ def test_states_cache_round_trip(states, tmp_path):
     back = eh.load_states(tmp_path / "s.pt", meta)
     assert back is not None and torch.equal(back.hidden[3], states.hidden[3])
     assert eh.load_states(tmp_path / "s.pt", {"a": 2}) is None
+
+
+def test_cli_resumes_saved_generations(tmp_path, capsys):
+    """A second `analyze match-rate` with the same settings reuses generations.jsonl."""
+    from test_server import save_model, save_tokenizer
+
+    from draftsman.cli.main import main
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    save_model(folder, save_tokenizer(folder), seed=1)
+    argv = ["analyze", "match-rate", "--model", str(folder), "--dtype", "fp32", "--tasks",
+            "qa", "--limit", "1", "--max-new-tokens", "4", "--layers", "1",
+            "--exit-heads", "none", "--no-plots", "--out", str(tmp_path / "mr")]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert "1/1" in first.err  # generated
+    gens = (tmp_path / "mr" / "tiny" / "generations.jsonl").read_text()
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert "1/1" not in second.err  # reused, not regenerated
+    assert (tmp_path / "mr" / "tiny" / "generations.jsonl").read_text() == gens
+    assert (tmp_path / "mr" / "tiny" / "report.html").is_file()
+    assert main([*argv, "--no-resume"]) == 0
+    assert "1/1" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from draftsman.bench.study_report import write_html
 from draftsman.errors import InvalidArgumentError
 
 
@@ -182,7 +183,7 @@ def run_match_rate(args: argparse.Namespace) -> int:
                 "lengths": [(t, cfg.length(t)) for t in tasks]}
         meta_path = out / "generations.meta.json"
         resume = not args.no_resume and meta_path.is_file() \
-            and json.loads(meta_path.read_text()) == meta
+            and json.loads(meta_path.read_text()) == json.loads(json.dumps(meta))
         if not resume:
             gen_path.unlink(missing_ok=True)
             meta_path.write_text(json.dumps(meta) + "\n")
@@ -202,6 +203,7 @@ def run_match_rate(args: argparse.Namespace) -> int:
         report = match_rate_report(gens, name, layers, depth, ks, cfg, out,
                                    plots=not args.no_plots)
         (out / "match_rate.md").write_text(report + "\n")
+        write_html(out / "report.html", report, out)
         (out / "match_rate.json").write_text(json.dumps({
             "model": name, "depth": depth, "layers": layers, "meta": meta,
             "seconds": time.monotonic() - t0, "summary": mr.summary(gens, layers, ks)},
@@ -268,7 +270,8 @@ def match_rate_report(gens: list, name: str, layers: list[int], depth: int, ks: 
     if plots and p_fig:
         files = pt.plot_tradeoff(p_fig, out / "tradeoff.png", f"{name}",
                                  d_bar_fraction=half / depth)
-        parts += ["", "Trade-off plots: " + ", ".join(f"`{f}`" for f in files)]
+        parts += ["", "### Trade-off curves (Figures 3 and 4) from the measured p̂", ""]
+        parts += [f"![{Path(f).stem}]({Path(f).name})" for f in files]
     return "\n".join(parts)
 
 
@@ -376,6 +379,7 @@ def run_latency(args: argparse.Namespace) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "latency.md").write_text(text + "\n")
+        write_html(args.out / "report.html", text, args.out)
         (args.out / "latency.json").write_text(json.dumps(
             {t: {lab: [{k: v for k, v in r.items() if k != "tokens"} for r in rs]
                  for lab, rs in d.items()} for t, d in results.items()}, indent=1) + "\n")
