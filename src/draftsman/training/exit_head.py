@@ -74,7 +74,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    kind: str = "affine"  # best held-out agreement per CPU-minute (see docs/pipelined.md)
+    kind: str = "affine"  # an H x H map before the shared head: H^2 weights, not H x V
     rank: int = 256
     steps: int = 300
     batch: int = 128  # positions per step
