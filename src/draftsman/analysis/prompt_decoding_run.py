@@ -125,8 +125,7 @@ def run(s: RunSettings, out: Path, say=lambda msg: print(msg, file=sys.stderr, f
     by_set = {"all": replies, **{d: [r for r in replies if r.dataset == d] for d in s.datasets}}
     replayed = {name: {f"{k}:{n}": pd.replay_tau(rs, t, m) for (k, n), t in trees.items()}
                 for name, rs in by_set.items() if rs}
-    time_trees = {n: select_trees(prompts, target.model, target.name, "dynamic", n, s.dtype,
-                                  s.seed) for n in s.time_sizes}
+    time_trees = {n: trees[("dynamic", n)] for n in s.time_sizes}  # check(): sizes ⊇ these
     result = {
         "settings": {**asdict(s), "also": [c.label for c in s.also]},
         "target": target.name, "m": m, "seconds": time.monotonic() - t_start,
@@ -261,14 +260,25 @@ def render(result: dict[str, Any], out: Path, command: str = "") -> str:
     return "\n".join(parts) + "\n"
 
 
+def _panels(count: int, width: float, height: float) -> tuple[Figure, list]:
+    """A figure with `count` side-by-side axes."""
+    fig = Figure(figsize=(width * count, height))
+    return fig, list(fig.subplots(1, count, squeeze=False)[0])
+
+
+def _save(fig: Figure, path: Path, files: list[Path]) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    files.append(path)
+
+
 def make_plots(result: dict[str, Any], out: Path) -> list[Path]:
     s = result["settings"]
     m = result["m"]
     files = []
     # Figure 6: cumulative top-k accuracy per distance, one panel per reply set
     names = list(result["accuracy"])
-    fig = Figure(figsize=(4.2 * len(names), 3.6))
-    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    fig, axes = _panels(len(names), 4.2, 3.6)
     for ax, name in zip(axes, names, strict=True):
         cum = pd.cumulative(result["accuracy"][name])
         ks = list(range(1, len(cum[0]) + 1))
@@ -281,9 +291,7 @@ def make_plots(result: dict[str, Any], out: Path) -> list[Path]:
     axes[0].set_ylabel("accuracy")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{result['target']}: prompt-token accuracy by distance (Figure 6)")
-    fig.tight_layout()
-    files.append(out / "fig6_accuracy.png")
-    fig.savefig(files[-1], dpi=DPI)
+    _save(fig, out / "fig6_accuracy.png", files)
 
     # Figure 8a: τ vs size per tree kind
     fig = Figure(figsize=(6.5, 4))
@@ -299,14 +307,11 @@ def make_plots(result: dict[str, Any], out: Path) -> list[Path]:
     ax.grid(alpha=.3)
     ax.legend(fontsize=8)
     ax.set_title("Dynamic vs static vs random trees (Figure 8a)")
-    fig.tight_layout()
-    files.append(out / "fig8a_trees.png")
-    fig.savefig(files[-1], dpi=DPI)
+    _save(fig, out / "fig8a_trees.png", files)
 
     # Figure 8b/c: predicted speedup curve and measured points per dataset
     sets = [d for d in s["datasets"] if d in result["timings"]]
-    fig = Figure(figsize=(4.6 * len(sets), 3.8))
-    axes = fig.subplots(1, len(sets), squeeze=False)[0]
+    fig, axes = _panels(len(sets), 4.6, 3.8)
     for ax, d in zip(axes, sets, strict=True):
         taus = result["replayed_tau"][d]
         ax.plot(s["sizes"], [_predicted_speedup(result, taus[f"dynamic:{n}"], n)
@@ -323,9 +328,7 @@ def make_plots(result: dict[str, Any], out: Path) -> list[Path]:
     axes[0].set_ylabel("speedup over autoregressive")
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Predicted vs measured speedup on this CPU ({s['dtype']}, Figure 8b/c)")
-    fig.tight_layout()
-    files.append(out / "fig8bc_speedup.png")
-    fig.savefig(files[-1], dpi=DPI)
+    _save(fig, out / "fig8bc_speedup.png", files)
     return files
 
 

@@ -131,9 +131,14 @@ def chain_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points: l
                   ) -> torch.Tensor:
     """The prompt tokens' guesses after each point: logits [I, m, V], EPT-averaged; prompt
     token i after point t guesses token t + 1 + i (as in the decoder's tree)."""
-    m, n, _ = emb.shape
     hidden, rows = _chains(model, emb, ids, points)
-    return model.head(hidden[rows.reshape(-1)]).float().view(len(points), m, n, -1).mean(2)
+    return _guesses(model, hidden, rows)
+
+
+def _guesses(model: DecoderLM, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Head logits of the chain rows [I, m, n] -> [I, m, V], averaged over the n EPTs."""
+    i, m, n = rows.shape
+    return model.head(hidden[rows.reshape(-1)]).float().view(i, m, n, -1).mean(2)
 
 
 def distill_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points: list[int]
@@ -143,9 +148,9 @@ def distill_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points:
     Returns student logits [I, m, V] (EPT-averaged, differentiable w.r.t. emb [m, n, H]) and
     teacher logits [I, m, V] (the target at real rows t+i, detached).
     """
-    m, n, _ = emb.shape
+    m = emb.shape[0]
     hidden, rows = _chains(model, emb, ids, points)
-    student = model.head(hidden[rows.reshape(-1)]).float().view(len(points), m, n, -1).mean(2)
+    student = _guesses(model, hidden, rows)
     pt = torch.tensor(points, dtype=torch.long)
     teacher_rows = pt[:, None] + torch.arange(1, m + 1)[None]  # [I, m]
     with torch.no_grad():
