@@ -259,3 +259,40 @@ def test_cost_policy_probes_only_when_probing_is_free():
 
     assert set(run(probe=False)) == {0}
     assert 1 in run(probe=True)
+
+
+def test_cost_policy_calibration_chooses_the_first_gamma():
+    """Before any step: flat verify cost and a cheap draft -> speculate; a verify cost that
+    grows like the tokens verified and a draft at 0.6 of the target -> no γ pays even if
+    every guess were accepted -> γ = 0 for good; in between -> γ = 1 to learn α."""
+    from draftsman.strategies.gamma import CostModelGamma
+
+    def first_gamma(verify: dict[int, float], cost: float) -> int:
+        policy = CostModelGamma(max_gamma=8)
+        policy.calibrate(verify, cost)
+        return policy.next_gamma()
+
+    flat = {n: 1.0 + 0.02 * (n - 1) for n in range(1, 10)}
+    linear = {n: float(n) for n in range(1, 10)}
+    steep = {n: 1.0 + 0.75 * (n - 1) for n in range(1, 10)}
+    assert first_gamma(flat, 0.1) >= 3
+    assert first_gamma(linear, 0.6) == 0
+    assert first_gamma(steep, 0.2) == 1  # pays at α = 0.99, not at the prior α = 0.7
+
+
+def test_a_draft_that_cannot_pay_is_never_run(models):
+    """A calibrated cost policy that rules out every γ decodes plainly: no draft forward,
+    no draft time, autoregressive tokens."""
+    from draftsman.strategies.gamma import CostModelGamma
+
+    policy = CostModelGamma()
+    policy.probe = False
+    policy.calibrate({n: float(n) for n in range(1, 14)}, 0.6)
+    spec = Speculative(models["target"], DraftModelProposer(models["close"]), policy)
+    reference = Autoregressive(models["target"])
+    for prompt in prompts(3):
+        expected, _ = run(reference, prompt)
+        got, steps = run(spec, prompt)
+        assert got == expected
+        assert sum(s.draft_forwards for s in steps) == 0
+        assert all(s.drafted == 0 for s in steps)

@@ -112,6 +112,20 @@ class CostModelGamma(GammaPolicy):
         # model drafters, so "do not speculate" really costs nothing once decided.
         self.probe = True
 
+    def calibrate(self, verify_cost: dict[int, float], draft_cost: float | None = None) -> None:
+        """Take this machine's verify cost curve (and a draft model's measured cost per
+        guess, relative to a target forward) and choose the first γ before any step: the
+        prior's best γ; 1 if only a better α than the prior could pay (to learn α); 0 for
+        good if no γ pays even when every guess is accepted, so a drafter that cannot win on
+        this hardware costs nothing."""
+        self.verify_cost = verify_cost
+        if draft_cost is not None:
+            self.cost = draft_cost
+        best = self._best_gamma(self.alpha, self.max_gamma)
+        if best == 0 and self._best_gamma(0.99, self.max_gamma) > 0:
+            best = 1
+        self.gamma = best
+
     def _best_gamma(self, alpha: float, limit: int) -> int:
         verify = self.verify_cost
         return max(range(0, limit + 1), key=lambda g: expected_tokens_per_step(alpha, g) / (

@@ -14,7 +14,7 @@ from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.base import Strategy
 from draftsman.strategies.gamma import CostModelGamma, GammaPolicy, make_policy
 from draftsman.strategies.speculative import Speculative
-from draftsman.strategies.verify_cost import verify_cost_curve
+from draftsman.strategies.verify_cost import draft_cost_ratio, verify_cost_curve
 
 if TYPE_CHECKING:
     from draftsman.engine import Engine
@@ -49,12 +49,15 @@ def _int(value: Any, name: str, minimum: int = 1) -> int:
     return out
 
 
-def _calibrate(policy: GammaPolicy, engine: Engine, proposer: Proposer) -> None:
-    """The cost-model policy needs this machine's verify cost curve, and must not re-probe a
-    draft model once it has stopped paying (the draft would first read every skipped token)."""
+def _calibrate(policy: GammaPolicy, engine: Engine, proposer: Proposer,
+               draft: str | None = None) -> None:
+    """The cost-model policy needs this machine's verify cost curve and, for a draft model,
+    its cost per guess; it must not re-probe a draft model once it has stopped paying (the
+    draft would first read every skipped token)."""
     if isinstance(policy, CostModelGamma):
-        policy.verify_cost = verify_cost_curve(engine, policy.max_gamma + 1)
         policy.probe = not proposer.uses_model
+        draft_cost = draft_cost_ratio(engine, draft) if proposer.uses_model and draft else None
+        policy.calibrate(verify_cost_curve(engine, policy.max_gamma + 1), draft_cost)
 
 
 def build_autoregressive(engine: Engine, options: dict[str, Any]) -> Strategy:
@@ -69,7 +72,7 @@ def build_speculative(engine: Engine, options: dict[str, Any]) -> Strategy:
     policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
     policy.max_gamma = max(policy.max_gamma, policy.gamma)
     proposer = make_proposer(str(spec), engine)
-    _calibrate(policy, engine, proposer)
+    _calibrate(policy, engine, proposer, str(spec))
     return Speculative(engine.target.model, proposer, policy)
 
 
@@ -83,7 +86,7 @@ def build_staged(engine: Engine, options: dict[str, Any]) -> Strategy:
     middle = StagedProposer(engine.model(draft).model, sub, _int(o["subgamma"], "subgamma"))
     policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
     policy.max_gamma = max(policy.max_gamma, policy.gamma)
-    _calibrate(policy, engine, middle)
+    _calibrate(policy, engine, middle, str(draft))
     return Speculative(engine.target.model, middle, policy)
 
 
