@@ -133,6 +133,8 @@ def test_every_exact_strategy_equals_autoregressive_on_smollm2(smol):
     check_exact(smol, [
         ("speculative", {"draft": "ngram", "gamma": 3}),
         ("speculative", {"draft": "prompt-lookup", "gamma": "auto"}),
+        ("speculative", {"draft": "prompt-lookup", "gamma": 4, "branches": 3}),
+        ("speculative", {"draft": "ngram", "gamma": "auto", "branches": "auto"}),
         ("speculative", {"draft": SMOL, "gamma": 4}),  # self-drafting: all accepted
         ("speculative", {"draft": SMOL, "gamma": "auto"}),
         ("staged", {"draft": SMOL, "subdraft": "ngram"}),
@@ -147,7 +149,8 @@ def test_exact_with_a_long_context_on_default_pair(pair):
     ids = pair.encode_prompt(text)
     assert len(ids) > 400
     ref = pair.generate(ids, max_new_tokens=64)
-    for options in ({"draft": DRAFT, "gamma": 3}, {"draft": "prompt-lookup", "gamma": "auto"}):
+    for options in ({"draft": DRAFT, "gamma": 3}, {"draft": "prompt-lookup", "gamma": "auto"},
+                    {"draft": "prompt-lookup", "gamma": 4, "branches": 3}):
         got = pair.generate(ids, max_new_tokens=64, method="speculative", **options)
         assert got.token_ids == ref.token_ids, options
 
@@ -158,8 +161,22 @@ def test_every_exact_strategy_equals_autoregressive_on_default_pair(pair):
         ("speculative", {"draft": DRAFT, "gamma": "auto"}),
         ("speculative", {"draft": "ngram", "gamma": "auto"}),
         ("speculative", {"draft": "prompt-lookup", "gamma": 2}),
+        ("speculative", {"draft": "ngram", "gamma": 3, "branches": 3}),
         ("staged", {"draft": DRAFT, "subdraft": "prompt-lookup"}),
     ], tokens=32)
+
+
+def test_tree_verification_keeps_later_branches_exact(smol):
+    """Multi-branch trees on llama.cpp: a later branch's accepted nodes are fed again (its
+    cells are out of order), and the output still equals autoregressive decoding."""
+    text = "Repeat these lines exactly, then continue the pattern:\n" + "\n".join(
+        f"x{i % 4} = y{i % 3} + z{i % 5}" for i in range(24))
+    ref = smol.generate(text, max_new_tokens=64)
+    got = smol.generate(text, max_new_tokens=64, method="speculative", draft="ngram",
+                        gamma=4, branches=3)
+    assert got.token_ids == ref.token_ids
+    assert any(s.extra.get("branches", 0) > 1 for s in got.steps)
+    assert any(s.extra.get("branch", 0) > 0 for s in got.steps)
 
 
 def test_sampling_runs_and_is_seeded(smol):

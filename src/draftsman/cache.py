@@ -18,6 +18,10 @@ from draftsman.errors import ContextOverflowError
 
 
 class KVCache:
+    # keep() moves a tree path's entries next to the prefix: later forwards are then
+    # identical to those after a linear decode of the same tokens
+    exact_keep = True
+
     def __init__(
         self,
         num_layers: int,

@@ -62,3 +62,50 @@ def verify_sampling(
             dist = residual / total if total > 0 else p[n]
             return Verdict(n, sampler.draw(dist), True)
     return Verdict(gamma, sampler.draw(p[gamma]), False)
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    path: list[int]  # accepted nodes, root (node 0) first
+    next_token: int  # recovered token (after rejections) or bonus token (at a leaf)
+    rejected: bool  # True when the last accepted node had guesses and all were refused
+
+
+def verify_tree_greedy(tokens: list[int], children: list[list[int]],
+                       argmax: list[int]) -> TreeVerdict:
+    """Follow the child equal to the target's argmax from the root; siblings are distinct,
+    so the path is unique and equals the autoregressive continuation."""
+    path = [0]
+    while True:
+        node = path[-1]
+        match = next((c for c in children[node] if tokens[c] == argmax[node]), None)
+        if match is None:
+            return TreeVerdict(path, argmax[node], bool(children[node]))
+        path.append(match)
+
+
+def verify_tree_sampling(tokens: list[int], children: list[list[int]], p: torch.Tensor,
+                         sampler: Sampler) -> TreeVerdict:
+    """Recursive rejection sampling over deterministic guesses (SpecInfer / SpecTr style).
+
+    p [C, V]: the target's distribution after each node. At a node with distinct guesses
+    x_1..x_m: accept x_1 with probability r(x_1) / sum(r), r = p; on rejection set r(x_1) = 0
+    and try x_2 the same way; if all are refused, draw from r / sum(r). Each token x then
+    comes out with probability p(x): for a guess, (1 - sum of earlier guesses' p) times
+    p(x) / (1 - sum of earlier guesses' p); for any other token, the remaining mass times its
+    share of it.
+    """
+    path = [0]
+    while True:
+        node = path[-1]
+        residual = p[node].clone()
+        for child in children[node]:
+            mass = float(residual.sum())
+            if float(sampler.uniform(1)[0]) * mass < float(residual[tokens[child]]):
+                path.append(child)
+                break
+            residual[tokens[child]] = 0.0
+        else:
+            total = residual.sum()
+            dist = residual / total if total > 0 else p[node]
+            return TreeVerdict(path, sampler.draw(dist), bool(children[node]))

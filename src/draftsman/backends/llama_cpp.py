@@ -106,6 +106,12 @@ class LlamaCppCache:
     sequences until `keep` or `truncate` folds them away.
     """
 
+    # keep() of a tree path leaves its cells where the tree put them, and llama.cpp sums
+    # attention in cell order: later logits can differ from a linear decode's (tree
+    # speculation therefore keeps only a path's leading in-order nodes, see
+    # strategies/tree_speculative.py)
+    exact_keep = False
+
     def __init__(self, owner: LlamaCppLM, ctx: Any, capacity: int) -> None:
         self.owner, self.ctx, self.capacity = owner, ctx, capacity
         self.lib = llama()

@@ -52,11 +52,13 @@ PRESETS: dict[str, Preset] = {
     ),
     "llama-cpp": Preset(
         "the llama.cpp backend (issue 9) on the default pair's GGUF weights: autoregressive, "
-        "every drafter under the cost-model controller, the 0.5B draft at fixed γ, against "
+        "every drafter under the cost-model controller, prompt lookup with cost-chosen tree "
+        "branches, the 0.5B draft at fixed γ, against "
         "llama.cpp's own plain and speculative decoding; HumanEval and MT-Bench, greedy",
         methods=(
             "speculative:draft=prompt-lookup,gamma=auto",
             "speculative:draft=ngram,gamma=auto",
+            "speculative:draft=prompt-lookup,gamma=auto,branches=auto",
             "speculative:gamma=auto",
             "speculative:gamma=3",
         ),

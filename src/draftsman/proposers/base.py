@@ -39,6 +39,14 @@ class Proposer(ABC):
         """Up to `gamma` guesses; fewer if the proposer has nothing (or, with `stop_below`,
         as soon as its own confidence in the next guess drops below that probability)."""
 
+    def propose_branches(self, committed: list[int], gamma: int, branches: int,
+                         sampler: Sampler) -> list[Proposal]:
+        """Up to `branches` different deterministic continuations of up to `gamma` guesses,
+        most promising first (tree verification). Drafters with one guess per step return
+        their single proposal."""
+        proposal = self.propose(committed, gamma, sampler)
+        return [proposal] if proposal.tokens else []
+
     def commit(self, committed: list[int]) -> None:
         """The target has decided; `committed` is the whole accepted sequence."""
         return None

@@ -49,20 +49,41 @@ class NGramProposer(Proposer):
                 return max(slot.items(), key=lambda item: item[1])[0], k
         return None
 
-    def propose(self, committed: list[int], gamma: int, sampler: Sampler,
-                stop_below: float | None = None) -> Proposal:
+    def _continue(self, seq: list[int], gamma: int) -> list[int]:
+        guess: list[int] = []
+        for _ in range(gamma):
+            found = self._next(seq + guess)
+            if found is None:
+                break
+            guess.append(found[0])
+        return guess
+
+    def _refresh(self, committed: list[int]) -> None:
         if len(self.indexed) > len(committed) or self.indexed != committed[: len(self.indexed)]:
             self.start(committed, 0)  # a different sequence: rebuild
         self._index(committed)
-        seq = list(committed)
-        guess: list[int] = []
-        match = 0
-        for _ in range(gamma):
-            found = self._next(seq)
-            if found is None:
-                break
-            token, k = found
-            match = match or k
-            guess.append(token)
-            seq.append(token)
-        return Proposal(guess, None, extra={"match": match} if guess else {})
+
+    def propose(self, committed: list[int], gamma: int, sampler: Sampler,
+                stop_below: float | None = None) -> Proposal:
+        self._refresh(committed)
+        found = self._next(committed) if gamma > 0 else None
+        if found is None:
+            return Proposal([], None)
+        token, k = found
+        return Proposal([token] + self._continue(committed + [token], gamma - 1), None,
+                        extra={"match": k})
+
+    def propose_branches(self, committed: list[int], gamma: int, branches: int,
+                         sampler: Sampler) -> list[Proposal]:
+        """The `branches` most frequent next tokens after the longest known context (ties:
+        most recent), each continued greedily like `propose`."""
+        self._refresh(committed)
+        if gamma < 1:
+            return []
+        for k in range(min(self.order - 1, len(committed)), 0, -1):
+            slot = self.table.get(tuple(committed[-k:]))
+            if slot:
+                ranked = sorted(slot.items(), key=lambda item: item[1], reverse=True)
+                return [Proposal([t] + self._continue(committed + [t], gamma - 1), None,
+                                 extra={"match": k}) for t, _ in ranked[:branches]]
+        return []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from draftsman.backends.llama_cpp import SHORT as TREE_ROWS
 from draftsman.errors import InvalidArgumentError, UnsupportedError
 from draftsman.proposers.base import Proposer
 from draftsman.proposers.draft_model import DraftModelProposer
@@ -12,8 +13,10 @@ from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.proposers.staged import StagedProposer
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.base import Strategy
+from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import CostModelGamma, GammaPolicy, make_policy
 from draftsman.strategies.speculative import Speculative
+from draftsman.strategies.tree_speculative import TreeSpeculative
 from draftsman.strategies.verify_cost import draft_cost_ratio, verify_cost_curve
 
 if TYPE_CHECKING:
@@ -67,13 +70,38 @@ def build_autoregressive(engine: Engine, options: dict[str, Any]) -> Strategy:
 
 def build_speculative(engine: Engine, options: dict[str, Any]) -> Strategy:
     o = _take(options, "speculative", {"draft": None, "drafter": None, "gamma": 4,
-                                        "gamma_policy": None, "max_gamma": 12})
+                                        "gamma_policy": None, "max_gamma": 12,
+                                        "branches": 1, "max_branches": 4})
     spec = o["draft"] or o["drafter"] or engine.default_draft()
     policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
     policy.max_gamma = max(policy.max_gamma, policy.gamma)
     proposer = make_proposer(str(spec), engine)
     _calibrate(policy, engine, proposer, str(spec))
-    return Speculative(engine.target.model, proposer, policy)
+    if str(o["branches"]) == "1":
+        return Speculative(engine.target.model, proposer, policy)
+    if proposer.uses_model:
+        raise InvalidArgumentError(
+            f"branches needs a deterministic drafter ({', '.join(DETERMINISTIC_DRAFTERS)}), "
+            f"not the model {spec}")
+    return TreeSpeculative(engine.target.model, proposer, policy,
+                           _branch_planner(engine, o["branches"], o["max_branches"], policy))
+
+
+def _branch_planner(engine: Engine, branches: Any, max_branches: Any,
+                    policy: GammaPolicy) -> BranchPlanner:
+    """branches: an integer >= 1 or 'auto' (the cost model, up to max_branches)."""
+    auto = str(branches) == "auto"
+    k = _int(max_branches if auto else branches, "max_branches" if auto else "branches")
+    rows = (k + 1) * policy.max_gamma + 1  # the re-fed path, the root and k branches
+    if getattr(engine, "backend", "torch") == "llama.cpp" and rows > TREE_ROWS:
+        raise InvalidArgumentError(
+            f"{k} branches of up to {policy.max_gamma} guesses need {rows} rows per verify; "
+            f"the llama.cpp backend verifies trees of up to {TREE_ROWS}: lower "
+            "max_branches or max_gamma")
+    if not auto:
+        return BranchPlanner(k)
+    refeed = getattr(engine, "backend", "torch") == "llama.cpp"
+    return BranchPlanner(None, k, verify_cost_curve(engine, rows), refeed=refeed)
 
 
 def build_staged(engine: Engine, options: dict[str, Any]) -> Strategy:

@@ -1,0 +1,154 @@
+"""Speculative decoding over a tree of draft branches, verified in one target forward.
+
+A deterministic drafter (n-gram, prompt lookup) often has several plausible continuations;
+a chain bets on one. Here the drafter's best k branches are merged into a trie
+(draft_tree.py), the target runs once over [pending tokens, root, trie nodes] with tree
+attention (each node sees the committed text and its own ancestors), and the longest path
+the target agrees with is kept: greedy matching follows the target's argmax, sampling uses
+recursive rejection over the distinct guesses at each node (verify.py), so the output is
+exactly the target's in both cases. The depth of the branches comes from the γ policy, the
+number of branches from the BranchPlanner (fixed, or the cost model that picks k = 1 --
+a plain chain -- where extra verify rows are not nearly free).
+
+Committing a path: a cache that can move entries (torch) compacts the path next to the
+committed prefix; one that cannot (llama.cpp, whose attention sums cells in storage order)
+keeps only the path's leading nodes that already sit in order -- the first branch is stored
+right after the root -- and feeds the rest again at the start of the next forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from draftsman.draft_tree import DraftTree
+from draftsman.models.base import LAST, DecoderLM
+from draftsman.proposers.base import Proposal, Proposer
+from draftsman.sampling import Sampler
+from draftsman.state import ModelState
+from draftsman.strategies.base import Budget, GenerationConfig, Step, Strategy, Timer, check_fits
+from draftsman.strategies.branches import BranchPlanner
+from draftsman.strategies.gamma import Feedback, GammaPolicy
+from draftsman.verify import TreeVerdict, verify_tree_greedy, verify_tree_sampling
+
+
+def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,
+                sampler: Sampler) -> tuple[TreeVerdict, list[int]]:
+    """One target forward over pending[:-1] (plain rows) and the tree rooted at pending[-1];
+    commits the accepted path to the cache. Returns the verdict and the target's argmax
+    after every node."""
+    lay = tree.layout
+    start = len(state.fed)
+    ids = torch.tensor([pending[:-1] + tree.tokens], dtype=torch.long)
+    pos = (lay.offsets + start + lay.prefix)[None]  # [1, T]
+    branching = any(len(c) > 1 for c in tree.children)
+    out = state.model(ids, pos, state.cache, mask=lay.mask if branching else None,
+                      logits_at=lay.node_rows, start=start)
+    state.forwards += 1
+    logits = out.logits[0]  # [C, V]
+    argmax = logits.argmax(-1).tolist()
+    if sampler.greedy:
+        verdict = verify_tree_greedy(tree.tokens, tree.children, argmax)
+    else:
+        verdict = verify_tree_sampling(tree.tokens, tree.children, sampler.probs(logits),
+                                       sampler)
+    path = verdict.path
+    keep = len(path) if getattr(state.cache, "exact_keep", True) else DraftTree.contiguous(path)
+    rows = lay.prefix + keep
+    slots = list(range(start, start + lay.prefix)) + [start + lay.prefix + n for n in path[:keep]]
+    state.cache.keep(slots, start)
+    state.fed.extend((pending[:-1] + [tree.tokens[n] for n in path])[:rows])
+    return verdict, argmax
+
+
+class TreeSpeculative(Strategy):
+    name = "speculative"
+    exactness = "exact"
+
+    def __init__(self, target: DecoderLM, proposer: Proposer, policy: GammaPolicy,
+                 planner: BranchPlanner) -> None:
+        if proposer.uses_model:
+            raise ValueError("tree verification needs a deterministic drafter")
+        self.target = target
+        self.proposer = proposer
+        self.policy = policy
+        self.planner = planner
+
+    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
+        check_fits(self.target, len(prompt_ids), config)
+        policy, planner = self.policy, self.planner
+        room = (planner.max_branches + 1) * policy.max_gamma + 2  # tree + re-fed path rows
+        capacity = len(prompt_ids) + config.max_new_tokens + room
+        state = ModelState(self.target, capacity)
+        sampler = Sampler(config.sampling)
+        budget = Budget(config)
+        timer = Timer()
+        with timer("verify"):
+            logits = state.feed(prompt_ids, logits_at=LAST).logits[0, -1]
+            first = budget.clip([sampler.pick(logits)])
+        committed = prompt_ids + first
+        yield Step(first, ["target"], target_forwards=1, prefill=True,
+                   verify_seconds=timer.take()["verify"], finish=budget.finish)
+        with timer("draft"):
+            self.proposer.start(prompt_ids, capacity)
+        while not budget.done:
+            gamma = min(policy.max_gamma if policy.plans_guesses else policy.next_gamma(),
+                        budget.remaining - 1)
+            asked = planner.next_branches()
+            with timer("draft"):
+                branches = self._branches(committed, gamma, asked, sampler)
+            key = branches[0].extra.get("match") if branches else None
+            with timer("verify"):
+                pending = state.sync(committed)
+                tree = DraftTree.build(pending[-1], [b.tokens for b in branches],
+                                       prefix=len(pending) - 1)
+                verdict, argmax = verify_tree(state, pending, tree, sampler)
+            accepted = [tree.tokens[n] for n in verdict.path[1:]]
+            new = budget.clip(accepted + [verdict.next_token])
+            committed += new
+            with timer("other"):
+                planner.update(tree, argmax, asked)
+            seconds = timer.take()
+            branch, followed = self._followed(tree, verdict.path)
+            policy.update(Feedback(followed, len(accepted), verdict.rejected,
+                                   seconds.get("draft", 0.0), 0, seconds["verify"], key))
+            kept = min(len(accepted), len(new))
+            yield Step(
+                new,
+                ["draft"] * kept + ["target"] * (len(new) - kept),
+                drafted=tree.nodes,
+                accepted=len(accepted),
+                rejected=verdict.rejected,
+                target_forwards=1,
+                draft_seconds=seconds.get("draft", 0.0),
+                verify_seconds=seconds["verify"],
+                other_seconds=seconds.get("other", 0.0),
+                finish=budget.finish,
+                extra={"gamma": gamma, "branches": len(branches), "tree_nodes": tree.nodes,
+                       "branch": branch},
+            )
+
+    def _branches(self, committed: list[int], gamma: int, asked: int,
+                  sampler: Sampler) -> list[Proposal]:
+        """The drafter's best `asked` branches, cut to the depth the γ policy plans for the
+        best one (a planning policy may decide that no guess pays: then none)."""
+        if gamma <= 0:
+            return []
+        branches = self.proposer.propose_branches(committed, gamma, asked, sampler)
+        if branches and self.policy.plans_guesses:
+            depth = self.policy.plan(len(branches[0].tokens), branches[0].extra.get("match"))
+            branches = [Proposal(b.tokens[:depth], None, b.extra) for b in branches] \
+                if depth else []
+        return branches
+
+    @staticmethod
+    def _followed(tree: DraftTree, path: list[int]) -> tuple[int, int]:
+        """(index, guesses) of the first branch through the accepted path's end: the γ
+        policy's α is per guess along one branch. (0, 0) without branches."""
+        end = path[-1]
+        for i, leaf in enumerate(tree.leaves):
+            route = tree.path_to(leaf)
+            if end in route:
+                return i, len(route) - 1
+        return 0, 0
