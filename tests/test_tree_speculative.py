@@ -35,6 +35,7 @@ from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import make_policy
 from draftsman.strategies.registry import make_strategy
+from draftsman.strategies.speculative import Speculative
 from draftsman.strategies.tree_speculative import TreeSpeculative
 from draftsman.verify import TreeVerdict
 
@@ -107,6 +108,26 @@ def test_auto_policy_and_cost_gamma_stay_exact(models):
     spec = make_tree_spec(models, "ngram", "auto", "auto")
     for prompt in prompts():
         assert run(spec, prompt)[0] == run(reference, prompt)[0]
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "prompt-lookup"])
+def test_a_one_branch_tree_decides_like_the_chain(models, drafter):
+    """Same drafter, same cost-model γ policy: one branch per tree drafts and accepts exactly
+    what the chain strategy does, step by step."""
+    curve = {n: 0.9 * n for n in range(1, 80)}  # a CPU-like verify cost: γ = 0 is common
+    for prompt in prompts():
+        drafted = []
+        for tree in (False, True):
+            proposer = {"ngram": NGramProposer(), "prompt-lookup": PromptLookupProposer()}[
+                drafter]
+            policy = make_policy("auto", None)
+            policy.calibrate(curve)
+            spec = TreeSpeculative(models["target"], proposer, policy, BranchPlanner(1)) \
+                if tree else Speculative(models["target"], proposer, policy)
+            _, steps = run(spec, prompt, max_new=60)
+            drafted.append([(s.drafted, s.accepted, s.extra.get("gamma")) for s in steps])
+        assert drafted[0] == drafted[1]
+        assert any(d for d, _, _ in drafted[0]) and any(g == 0 for _, _, g in drafted[0])
 
 
 def test_eos_and_length_inside_a_tree_path(models):

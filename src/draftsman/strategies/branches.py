@@ -64,8 +64,9 @@ class BranchPlanner:
         return (1 - w) * interpolate(curve, max(lo, 1)) + w * interpolate(curve, lo + 1)
 
     def update(self, tree: DraftTree, argmax: list[int], requested: int) -> None:
-        """After a verify of `requested` branches; learns only from probes (all K asked)."""
-        if not self.auto or requested < self.max_branches or not tree.leaves:
+        """After a verify of `requested` branches; learns only from probes (all K asked)
+        where the drafter had more than one branch to offer."""
+        if not self.auto or requested < self.max_branches or len(tree.leaves) < 2:
             return
         lengths = tree.branch_lengths(argmax)
         m = self.memory

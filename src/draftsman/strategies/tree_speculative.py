@@ -97,7 +97,8 @@ class TreeSpeculative(Strategy):
                         budget.remaining - 1)
             asked = planner.next_branches()
             with timer("draft"):
-                branches = self._branches(committed, gamma, asked, sampler)
+                branches, planned = self._branches(committed, gamma, asked, sampler)
+            gamma = gamma if planned is None else planned
             key = branches[0].extra.get("match") if branches else None
             with timer("verify"):
                 pending = state.sync(committed)
@@ -110,9 +111,8 @@ class TreeSpeculative(Strategy):
             with timer("other"):
                 planner.update(tree, argmax, asked)
             seconds = timer.take()
-            branch, followed = self._followed(tree, verdict.path)
-            policy.update(Feedback(followed, len(accepted), verdict.rejected,
-                                   seconds.get("draft", 0.0), 0, seconds["verify"], key))
+            branch = self._branch(tree, verdict.path)
+            policy.update(self._chain_feedback(tree, verdict, branch, argmax, key, seconds))
             kept = min(len(accepted), len(new))
             yield Step(
                 new,
@@ -125,30 +125,45 @@ class TreeSpeculative(Strategy):
                 verify_seconds=seconds["verify"],
                 other_seconds=seconds.get("other", 0.0),
                 finish=budget.finish,
-                extra={"gamma": gamma, "branches": len(branches), "tree_nodes": tree.nodes,
+                extra={"gamma": gamma, **(branches[0].extra if branches else {}),
+                       "branches": len(branches), "tree_nodes": tree.nodes,
                        "branch": branch},
             )
 
     def _branches(self, committed: list[int], gamma: int, asked: int,
-                  sampler: Sampler) -> list[Proposal]:
+                  sampler: Sampler) -> tuple[list[Proposal], int | None]:
         """The drafter's best `asked` branches, cut to the depth the γ policy plans for the
-        best one (a planning policy may decide that no guess pays: then none)."""
+        best one (a planning policy may decide that no guess pays: then none), and that
+        depth (None when nothing was planned, as in the chain strategy)."""
         if gamma <= 0:
-            return []
+            return [], None
         branches = self.proposer.propose_branches(committed, gamma, asked, sampler)
-        if branches and self.policy.plans_guesses:
-            depth = self.policy.plan(len(branches[0].tokens), branches[0].extra.get("match"))
-            branches = [Proposal(b.tokens[:depth], None, b.extra) for b in branches] \
-                if depth else []
-        return branches
+        if not (branches and self.policy.plans_guesses):
+            return branches, None
+        depth = self.policy.plan(len(branches[0].tokens), branches[0].extra.get("match"))
+        return [Proposal(b.tokens[:depth], None, extra=b.extra) for b in branches] \
+            if depth else [], depth
 
     @staticmethod
-    def _followed(tree: DraftTree, path: list[int]) -> tuple[int, int]:
-        """(index, guesses) of the first branch through the accepted path's end: the γ
-        policy's α is per guess along one branch. (0, 0) without branches."""
+    def _branch(tree: DraftTree, path: list[int]) -> int:
+        """The first branch through the accepted path's end (0 without branches)."""
         end = path[-1]
-        for i, leaf in enumerate(tree.leaves):
-            route = tree.path_to(leaf)
-            if end in route:
-                return i, len(route) - 1
-        return 0, 0
+        return next((i for i, leaf in enumerate(tree.leaves) if end in tree.path_to(leaf)), 0)
+
+    @staticmethod
+    def _chain_feedback(tree: DraftTree, verdict: TreeVerdict, branch: int,
+                        argmax: list[int], key: int | None, seconds: dict) -> Feedback:
+        """What the first branch alone earned, so the γ policy keeps estimating the α of a
+        chain (its depth plan assumes one) while the planner prices the extra branches.
+        When a later branch won, the first one's run comes from greedy matching against
+        the target's argmax (an estimate when sampling)."""
+        if not tree.leaves:
+            return Feedback(0, 0, False, seconds.get("draft", 0.0), 0, seconds["verify"], key)
+        drafted = len(tree.path_to(tree.leaves[0])) - 1
+        if branch == 0:
+            accepted, rejected = len(verdict.path) - 1, verdict.rejected
+        else:
+            accepted = tree.branch_lengths(argmax)[0]
+            rejected = accepted < drafted
+        return Feedback(drafted, accepted, rejected, seconds.get("draft", 0.0), 0,
+                        seconds["verify"], key)
