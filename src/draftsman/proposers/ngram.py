@@ -50,6 +50,9 @@ class NGramProposer(Proposer):
         return None
 
     def _continue(self, seq: list[int], gamma: int) -> list[int]:
+        """Up to gamma greedy guesses after seq; only its last order-1 tokens matter, so
+        each lookup copies a short tail, not the whole sequence."""
+        seq = seq[-(self.order - 1):]
         guess: list[int] = []
         for _ in range(gamma):
             found = self._next(seq + guess)
@@ -70,8 +73,8 @@ class NGramProposer(Proposer):
         if found is None:
             return Proposal([], None)
         token, k = found
-        return Proposal([token] + self._continue(committed + [token], gamma - 1), None,
-                        extra={"match": k})
+        guess = [token] + self._continue(committed[-self.order:] + [token], gamma - 1)
+        return Proposal(guess, None, extra={"match": k})
 
     def propose_branches(self, committed: list[int], gamma: int, branches: int,
                          sampler: Sampler) -> list[Proposal]:
@@ -84,6 +87,7 @@ class NGramProposer(Proposer):
             slot = self.table.get(tuple(committed[-k:]))
             if slot:
                 ranked = sorted(slot.items(), key=lambda item: item[1], reverse=True)
-                return [Proposal([t] + self._continue(committed + [t], gamma - 1), None,
+                tail = committed[-self.order:]
+                return [Proposal([t] + self._continue(tail + [t], gamma - 1), None,
                                  extra={"match": k}) for t, _ in ranked[:branches]]
         return []

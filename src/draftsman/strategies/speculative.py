@@ -37,6 +37,16 @@ def verify_step(state: ModelState, committed: list[int], proposal: Proposal,
     return verify_sampling(drafts, proposal.q, sampler.probs(logits), sampler)
 
 
+def prefill(state: ModelState, prompt_ids: list[int], sampler: Sampler, budget: Budget,
+            timer: Timer) -> Step:
+    """The target reads the prompt and picks the first token: the prefill Step."""
+    with timer("verify"):
+        logits = state.feed(prompt_ids, logits_at=LAST).logits[0, -1]
+        first = budget.clip([sampler.pick(logits)])
+    return Step(first, ["target"], target_forwards=1, prefill=True,
+                verify_seconds=timer.take()["verify"], finish=budget.finish)
+
+
 class Speculative(Strategy):
     name = "speculative"
     exactness = "exact"
@@ -56,12 +66,9 @@ class Speculative(Strategy):
         budget = Budget(config)
         timer = Timer()
         policy = self.policy
-        with timer("verify"):
-            logits = target.feed(prompt_ids, logits_at=LAST).logits[0, -1]
-            first = budget.clip([sampler.pick(logits)])
-        committed = prompt_ids + first
-        yield Step(first, ["target"], target_forwards=1, prefill=True,
-                   verify_seconds=timer.take()["verify"], finish=budget.finish)
+        step = prefill(target, prompt_ids, sampler, budget, timer)
+        committed = prompt_ids + step.tokens
+        yield step
         with timer("draft"):
             self.proposer.start(prompt_ids, capacity)
         while not budget.done:

@@ -23,13 +23,14 @@ from collections.abc import Iterator
 import torch
 
 from draftsman.draft_tree import DraftTree
-from draftsman.models.base import LAST, DecoderLM
+from draftsman.models.base import DecoderLM
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
 from draftsman.strategies.base import Budget, GenerationConfig, Step, Strategy, Timer, check_fits
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import Feedback, GammaPolicy
+from draftsman.strategies.speculative import prefill
 from draftsman.verify import TreeVerdict, verify_tree_greedy, verify_tree_sampling
 
 
@@ -84,12 +85,9 @@ class TreeSpeculative(Strategy):
         sampler = Sampler(config.sampling)
         budget = Budget(config)
         timer = Timer()
-        with timer("verify"):
-            logits = state.feed(prompt_ids, logits_at=LAST).logits[0, -1]
-            first = budget.clip([sampler.pick(logits)])
-        committed = prompt_ids + first
-        yield Step(first, ["target"], target_forwards=1, prefill=True,
-                   verify_seconds=timer.take()["verify"], finish=budget.finish)
+        step = prefill(state, prompt_ids, sampler, budget, timer)
+        committed = prompt_ids + step.tokens
+        yield step
         with timer("draft"):
             self.proposer.start(prompt_ids, capacity)
         while not budget.done:
