@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import itertools
 import math
 import os
 import random
 import signal
 import time
+import weakref
 
 import pytest
 import torch
@@ -311,6 +313,28 @@ def test_every_guess_right_or_every_guess_wrong(model, k, hit):
             decode = steps[:-1]  # the last token's guesses are never checked
             assert sum(s.accepted for s in decode) == (len(decode) if hit else 0)
             assert all(s.extra["match"] == (1 if hit else 0) for s in decode)
+
+
+def test_pool_keeps_the_head_it_sent_alive(model):
+    """The pool skips resending a head whose key it already holds; keys default to id(head),
+    so the head the workers hold must outlive the strategy, or a new head could reuse its id
+    and run with the stale one (a flaky failure of the test above, once)."""
+    with deadline(240):
+        prompt = prompts()[1]
+        want = reference(model, prompt)
+        strat = Pipelined(model, PipelinedConfig(workers=1, timeout=60),
+                          head=ScriptedHead(want, True))
+        sent = weakref.ref(strat.head)
+        run(strat, prompt)
+        del strat
+        gc.collect()
+        assert sent() is not None
+        fresh = Pipelined(model, PipelinedConfig(workers=1, timeout=60),
+                          head=ScriptedHead(want, False))
+        got, steps = run(fresh, prompt)
+        assert got == want and sum(s.accepted for s in steps[:-1]) == 0
+        gc.collect()
+        assert sent() is None  # replaced by the new head: no longer held
 
 
 def test_sampling_identical_draw_for_draw(model):

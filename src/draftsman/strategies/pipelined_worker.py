@@ -187,6 +187,9 @@ class WorkerPool:
         self._guesses: dict[int, dict[int, int]] = {}  # round -> worker -> token
         self._done: dict[tuple[int, int], tuple[torch.Tensor, float]] = {}
         self._head_key: Any = None  # the exit head the workers hold (None: shared head)
+        # The head last sent, kept alive: an id()-based key then cannot be reused by a new
+        # head object while the workers still hold this one.
+        self._head: nn.Module | None = None
         model.share_memory()  # weights in shared memory: every worker maps the same pages
         ctx = torch.multiprocessing.get_context("spawn")
         try:
@@ -320,7 +323,7 @@ class WorkerPool:
         for w, lane in zip(self.workers, self.lanes, strict=True):
             caches = (self.shared, lane) if fresh else (None, None)
             self._send(w, ("begin", *caches, new_head))
-        self._head_key = head_key
+        self._head_key, self._head = head_key, head
         return self.shared
 
     def dispatch(self, pos: int, hidden: torch.Tensor) -> int:
