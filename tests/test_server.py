@@ -278,7 +278,9 @@ def test_chat_completion_equals_generate(engine, client, stream):
 METHODS = [
     {"method": "autoregressive"},
     {"method": "speculative", "draft": "ngram", "gamma": 3},
+    # the cost model may rightly draft nothing: the tiny draft costs as much as the target
     {"method": "speculative", "draft": "MODEL", "gamma": "auto"},
+    {"method": "speculative", "draft": "MODEL", "gamma": "auto", "gamma_policy": "heuristic"},
     {"method": "staged", "subdraft": "ngram"},  # the server's default draft in the middle
 ]
 
@@ -299,9 +301,11 @@ def test_extension_picks_method_same_greedy_text(engine, client, model_dirs, ext
     stats = stats_of(response)
     assert response.choices[0].text == ref.text == baseline.text
     assert stats["method"] == ext["method"]
-    if ext.get("gamma") != "auto":  # an adaptive gamma follows measured timings
+    # the cost model follows measured timings: its γ (even γ = 0, no drafting) may differ
+    timed = ext.get("gamma") == "auto" and ext.get("gamma_policy", "cost") == "cost"
+    if not timed:
         assert stats["drafted"] == ref.stats.drafted
-    if ext["method"] != "autoregressive":
+    if ext["method"] != "autoregressive" and not timed:
         assert stats["drafted"] > 0 and stats["alpha"] is not None
 
 
