@@ -360,6 +360,24 @@ def test_interrupted_run_keeps_rows_and_resumes(tmp_path, models, dataset, monke
     assert (out / "report.html").exists()
 
 
+def test_resume_refuses_rows_timed_on_another_machine(tmp_path, models, dataset):
+    out = tmp_path / "moved"
+    run_bench(config(out, models, dataset, limit=1), log=quiet)
+    rows = ResultsFile(out).rows()
+    assert rows and all(r["env"]["isa"] and r["env"]["cpu"] for r in rows)
+    rows[0]["env"]["cpu"] = "Some Other CPU"
+    (out / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InvalidArgumentError, match="another machine.*Some Other CPU"):
+        run_bench(config(out, models, dataset, limit=2, resume=True), log=quiet)
+    assert len(ResultsFile(out).rows()) == len(rows)  # nothing appended
+    for r in rows:  # older rows without the field: only the keys they carry are compared
+        r["env"].pop("isa")
+        r["env"]["cpu"] = rows[-1]["env"]["cpu"]
+    (out / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run_bench(config(out, models, dataset, limit=2, resume=True),
+                     log=quiet).measured > 0
+
+
 def test_multi_turn_prompts_carry_each_methods_own_answers(tmp_path, models):
     import shutil
 

@@ -7,7 +7,7 @@ Invariants:
 - A line cut short by a crash is skipped when reading (and never glued to the next row: an
   append first terminates an unterminated last line).
 - `row_key` identifies a measurement; `--resume` skips keys already present, and refuses a
-  folder whose rows were measured with different `settings`.
+  folder whose rows were measured with different `settings` or on another `machine`.
 """
 
 from __future__ import annotations
@@ -130,6 +130,22 @@ def check_settings(rows: Iterable[Row], settings: dict[str, Any], folder: Path) 
                 "resume with the same options or choose another --out")
 
 
+MACHINE = ("cpu", "isa", "cores", "torch")  # what sets a row's timings beyond its settings
+
+
+def check_machine(rows: Iterable[Row], machine: dict[str, Any], folder: Path) -> None:
+    """Refuse to resume on another machine: times (and the ratios a table averages over
+    prompts) from two CPUs do not compare. Keys a row lacks (older rows) are not compared."""
+    for row in rows:
+        old = row.get("env") or {}
+        diff = [k for k in MACHINE if k in old and k in machine and old[k] != machine[k]]
+        if diff:
+            said = "; ".join(f"{k} {old[k]!r} there, {machine[k]!r} here" for k in diff)
+            raise InvalidArgumentError(
+                f"{folder} holds rows timed on another machine ({said}); times from two "
+                "machines do not compare: measure into another --out")
+
+
 # ----------------------------------------------------------------------------- environment
 
 
@@ -142,6 +158,29 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_isa() -> str:
+    """The vector extensions that set decode speed here (bf16 and int8 matmul kernels)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return " ".join(x for x in ISA_FLAGS if x in flags) or "none"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"cpu": cpu_model(), "isa": cpu_isa(), "cores": os.cpu_count(),
+            "torch": torch.__version__}
 
 
 def git_commit() -> str | None:
@@ -167,10 +206,8 @@ def environment(dtype: str) -> dict[str, Any]:
     import draftsman
 
     return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
+        **machine(),
         "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -46,8 +46,10 @@ from draftsman.bench.quality import (
 from draftsman.bench.results import (
     ResultsFile,
     Row,
+    check_machine,
     check_settings,
     environment,
+    machine,
     peak_rss_mb,
     record_invocation,
     reset_peak_rss,
@@ -207,6 +209,7 @@ class Bench:
                     "that run, or choose another --out")
             self.existing = self.results.rows()
             check_settings(self.existing, self.settings, self.out)
+            check_machine(self.existing, machine(), self.out)
         self.prompts = load_prompts(config)
         if engine is None:
             import draftsman
