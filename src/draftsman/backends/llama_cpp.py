@@ -55,6 +55,27 @@ _lib: Any = None
 _log_callback: Any = None
 
 
+def has_amx() -> bool:
+    """Whether this CPU has AMX. A native build then places weights in ggml's AMX "extra
+    buffer type", whose matmul crashes in the pinned llama.cpp (a segfault in
+    ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824); on such CPUs models load without
+    extra buffer types (`use_extra_bufts`, llama.cpp's `--no-repack`). Elsewhere they stay on."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("flags") and "amx_int8" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def model_params(lib: Any) -> Any:
+    """llama.cpp model parameters for the CPU: no GPU layers; no AMX buffers (see has_amx)."""
+    params = lib.llama_model_default_params()
+    params.n_gpu_layers = 0
+    if has_amx():
+        params.use_extra_bufts = False
+    return params
+
+
 def install_dir() -> Path:
     """Where scripts/build_llama_cpp.sh put llama.cpp: $DRAFTSMAN_LLAMA_CPP or <venv>/llama.cpp."""
     env = os.environ.get(LIBRARY_ENV)
@@ -183,9 +204,8 @@ class LlamaCppLM:
         self.path = Path(gguf)
         self.config = config
         self.threads = threads or torch.get_num_threads()
-        params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        self.handle = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        self.handle = lib.llama_model_load_from_file(str(self.path).encode(),
+                                                     model_params(lib))
         if not self.handle:
             raise BackendError(f"llama.cpp could not load {self.path} (corrupt or unsupported"
                                  " GGUF?)")

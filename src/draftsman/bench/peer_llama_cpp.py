@@ -43,14 +43,12 @@ def _check_greedy(sampling: Sampling) -> None:
 
 class LlamaCppPlainPeer(Contestant):
     def __init__(self, gguf: Path, threads: int, eos: frozenset[int]) -> None:
-        from draftsman.backends.llama_cpp import llama
+        from draftsman.backends.llama_cpp import llama, model_params
 
         super().__init__(label=label("plain"), method="llama.cpp-plain", kind="peer",
                          exactness="reference", options={})
         self.lib = lib = llama()
-        params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        self.model = lib.llama_model_load_from_file(str(gguf).encode(), params)
+        self.model = lib.llama_model_load_from_file(str(gguf).encode(), model_params(lib))
         if not self.model:
             raise BackendError(f"llama.cpp could not load {gguf}")
         self.vocab = lib.llama_model_get_vocab(self.model)
@@ -107,6 +105,8 @@ class LlamaCppSpeculativePeer(Contestant):
         self.acceptance: list[float] = []
 
     def run(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Outcome:
+        from draftsman.backends.llama_cpp import has_amx
+
         _check_greedy(sampling)
         prompt = self.tokenizer.backend.decode(prompt_ids, skip_special_tokens=False)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
@@ -116,7 +116,7 @@ class LlamaCppSpeculativePeer(Contestant):
                    "-f", f.name, "-n", str(sampling.max_new_tokens), "--temp", "0",
                    "-t", str(self.threads), "-td", str(self.threads), "-tb", str(self.threads),
                    "-c", str(len(prompt_ids) + sampling.max_new_tokens + 64), "--seed", "0",
-                   "--spec-type", "draft-simple"]
+                   "--spec-type", "draft-simple"] + (["--no-repack"] if has_amx() else [])
             r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
         if r.returncode != 0:
             raise BackendError(f"{SPECULATIVE_BINARY} failed ({r.returncode}): "
