@@ -70,10 +70,12 @@ def save_tokenizer(folder: Path) -> int:
     return tok.get_vocab_size()
 
 
-def save_model(folder: Path, vocab_size: int, seed: int, noise: float = 0.0) -> None:
+def save_model(folder: Path, vocab_size: int, seed: int, noise: float = 0.0,
+               hidden: int = 64, layers: int = 2) -> None:
     torch.manual_seed(0)
     config = transformers.Qwen2Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
         initializer_range=0.2, tie_word_embeddings=True, eos_token_id=0, bos_token_id=None)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -696,11 +698,17 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_cli_serve_sigterm_finishes_in_flight_and_exits_0(engine, model_dirs):
+def test_cli_serve_sigterm_finishes_in_flight_and_exits_0(tmp_path):
+    # a model slow enough (~13 ms a token here) that the request is surely still running
+    # when SIGTERM arrives, on any CPU: the tiny one finishes 200 tokens in a blink
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    save_model(slow, save_tokenizer(slow), seed=1, hidden=512, layers=12)  # 200 tokens, no EOS
+    slow_engine = draftsman.load(str(slow), dtype="fp32", threads=1)
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "draftsman.cli.main", "serve", "--target", str(model_dirs[0]),
+        [sys.executable, "-m", "draftsman.cli.main", "serve", "--target", str(slow),
          "--dtype", "fp32", "--threads", "1", "--port", str(port), "--served-model-name",
          NAME], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -713,7 +721,8 @@ def test_cli_serve_sigterm_finishes_in_flight_and_exits_0(engine, model_dirs):
 
         wait_until(up, timeout=90, step=0.2)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        ref = reference(engine, CANCEL_PROMPT, method="autoregressive", max_new_tokens=200)
+        ref = reference(slow_engine, CANCEL_PROMPT, method="autoregressive",
+                        max_new_tokens=200)
         stream = client.completions.create(model=NAME, prompt=CANCEL_PROMPT, max_tokens=200,
                                            temperature=0, stream=True, extra_body=AR)
         chunks = iter(stream)
