@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from draftsman.errors import BackendError, ContextOverflowError, UnsupportedError
+from draftsman.hardware import cpu_flags
 from draftsman.models.base import ALL, Output
 from draftsman.models.config import ModelConfig
 
@@ -60,11 +61,7 @@ def has_amx() -> bool:
     buffer type", whose matmul crashes in the pinned llama.cpp (a segfault in
     ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824); on such CPUs models load without
     extra buffer types (`use_extra_bufts`, llama.cpp's `--no-repack`). Elsewhere they stay on."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(line.startswith("flags") and "amx_int8" in line.split() for line in f)
-    except OSError:
-        return False
+    return "amx_int8" in cpu_flags()
 
 
 def model_params(lib: Any) -> Any:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsman.errors import InvalidArgumentError
+from draftsman.hardware import cpu_flags
 
 RESULTS = "results.jsonl"
 
@@ -165,15 +166,10 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_i
 
 def cpu_isa() -> str:
     """The vector extensions that set decode speed here (bf16 and int8 matmul kernels)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return " ".join(x for x in ISA_FLAGS if x in flags) or "none"
-    except OSError:
-        pass
-    return "unknown"
+    flags = cpu_flags()
+    if not flags:
+        return "unknown"
+    return " ".join(x for x in ISA_FLAGS if x in flags) or "none"
 
 
 def machine() -> dict[str, Any]:
