@@ -1,18 +1,33 @@
-"""What this CPU can do, read once from /proc/cpuinfo (Linux; empty elsewhere)."""
+"""What this CPU is and can do, read once from /proc/cpuinfo (Linux; fallbacks elsewhere)."""
 
 from __future__ import annotations
 
 import functools
+import platform
+
+
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break  # end of the first processor's block; the others repeat it
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
 
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (`avx2`, `avx512_bf16`, `amx_int8`, ...)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    """The CPU's feature flags (`avx2`, `avx512_bf16`, `amx_int8`, ...); empty if unknown."""
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name, e.g. 'Intel(R) Xeon(R) Processor'."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsman.errors import InvalidArgumentError
-from draftsman.hardware import cpu_flags
+from draftsman.hardware import cpu_flags, cpu_model
 
 RESULTS = "results.jsonl"
 
@@ -148,17 +148,6 @@ def check_machine(rows: Iterable[Row], machine: dict[str, Any], folder: Path) ->
 
 
 # ----------------------------------------------------------------------------- environment
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
