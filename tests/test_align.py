@@ -14,10 +14,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 import draftsman
 from draftsman.cli.main import main
+from draftsman.core import GenerationConfig
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.loader import load_model
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.strategies.base import GenerationConfig
 from draftsman.training.align import (
     CALIBRATION,
     CHECKPOINT,

@@ -16,11 +16,11 @@ from draftsman.bench.report import compare, write_report
 from draftsman.bench.results import RESULTS, ResultsFile
 from draftsman.bench.runner import BenchConfig, run_bench
 from draftsman.bench.spec import expand_value, parse_methods
+from draftsman.core import Step
 from draftsman.errors import InvalidArgumentError
 from draftsman.strategies import registry
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.strategies.base import Step
-from draftsman.theory import expected_speedup
+from draftsman.theory.speculative import expected_speedup
 
 # ----------------------------------------------------------------------------- method specs
 

@@ -16,10 +16,10 @@ import torch
 from test_speculative import perturbed_copy
 from tiny import hf_model, ours_from_hf
 
+from draftsman.core import GenerationConfig
 from draftsman.errors import InvalidArgumentError
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.strategies.base import GenerationConfig
 from draftsman.strategies.big_little import (
     DISTANCES,
     BigLittle,

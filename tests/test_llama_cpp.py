@@ -16,7 +16,7 @@ from draftsman.bench.contestants import Sampling
 from draftsman.bench.peer_llama_cpp import LlamaCppPlainPeer
 from draftsman.errors import UnsupportedError
 from draftsman.models.base import LAST
-from draftsman.sparse_tree import measure_latency
+from draftsman.profiling import measure_latency
 from draftsman.store.resolve import ensure_model, resolve_gguf
 
 pytestmark = pytest.mark.real

@@ -7,11 +7,11 @@ import torch
 from tiny import hf_model, ours_from_hf
 
 from draftsman.analysis import match_rate as mr
+from draftsman.core import GenerationConfig
 from draftsman.models.base import LAST
-from draftsman.proposers.early_exit import EarlyPredictor, ExitHeadConfig, ExitTranslator
+from draftsman.models.exit_heads import EarlyPredictor, ExitHeadConfig, ExitTranslator
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.strategies.base import GenerationConfig
 from draftsman.training import exit_head as eh
 
 V = 97

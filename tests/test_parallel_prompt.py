@@ -7,19 +7,17 @@ import pytest
 import torch
 from tiny import tiny_pair
 
-from draftsman.proposers.prompt_tokens import (
-    PromptTokenDraftProposer,
-    PromptTokens,
-    TreeDecoder,
-)
+from draftsman.core import GenerationConfig
+from draftsman.models.prompt_tokens import PromptTokens
+from draftsman.proposers.prompt_tokens import PromptTokenDraftProposer
 from draftsman.sampling import SamplingConfig
-from draftsman.sparse_tree import PRIOR_ACCURACY, make_trees, trim
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.strategies.base import GenerationConfig
 from draftsman.strategies.gamma import make_policy
 from draftsman.strategies.parallel_prompt import ParallelPrompt
 from draftsman.strategies.speculative import Speculative
-from draftsman.tree import TreeSpec
+from draftsman.trees.layout import TreeSpec
+from draftsman.trees.sparse import PRIOR_ACCURACY, make_trees, trim
+from draftsman.verification.prompt_tree import TreeDecoder
 
 PROMPT = [5, 17, 3, 44, 12, 9, 60, 2]
 

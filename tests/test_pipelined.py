@@ -25,10 +25,9 @@ import pytest
 import torch
 from tiny import hf_model, ours_from_hf
 
-from draftsman import pipelined_theory as pt
+from draftsman.core import GenerationConfig
 from draftsman.errors import InvalidArgumentError
-from draftsman.proposers.early_exit import (
-    EarlyExitProposer,
+from draftsman.models.exit_heads import (
     EarlyPredictor,
     ExitHead,
     ExitHeadConfig,
@@ -43,9 +42,9 @@ from draftsman.proposers.early_exit import (
 )
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.strategies.base import GenerationConfig
 from draftsman.strategies.pipelined import Pipelined, PipelinedConfig, close_pools
 from draftsman.strategies.pipelined_worker import PipelinedWorkerError
+from draftsman.theory import pipelined as pt
 
 V = 97
 
@@ -245,18 +244,6 @@ def test_exit_head_locations(tmp_path, monkeypatch, model):
     assert exit_head_file(managed, 2, "shared") is None
     assert layer_from_fraction(40, "0.5") == 20 and layer_from_fraction(40, "37") == 37
     assert layer_from_fraction(24, 0.925) == 22
-
-
-def test_early_exit_proposer_drafts_for_speculative_exactly(model):
-    from draftsman.strategies.gamma import make_policy
-    from draftsman.strategies.speculative import Speculative
-
-    for prompt in prompts():
-        want = reference(model, prompt, 30)
-        spec = Speculative(model, EarlyExitProposer(model, 2), make_policy(3, None))
-        got, steps = run(spec, prompt, 30)
-        assert got == want
-        assert sum(s.accepted for s in steps) > 0
 
 
 # ----------------------------------------------------------------------------- strategy

@@ -15,12 +15,12 @@ from draftsman.analysis.prompt_decoding import (
     guess_ranks,
     replay,
 )
-from draftsman.proposers.prompt_tokens import TreeDecoder
+from draftsman.core import GenerationConfig
 from draftsman.sampling import SamplingConfig
-from draftsman.sparse_tree import TreeSet
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.strategies.base import GenerationConfig
 from draftsman.strategies.parallel_prompt import ParallelPrompt
+from draftsman.trees.sparse import TreeSet
+from draftsman.verification.prompt_tree import TreeDecoder
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_accuracy_counts_ranks_per_distance():
 
 def test_replay_by_hand():
     """A chain tree of depth 2 carrying 2 prompt tokens on each node (m = 2)."""
-    from draftsman.tree import TreeSpec
+    from draftsman.trees.layout import TreeSpec
 
     chain = TreeSpec.chain(2, 2)
     states = {0: TreeSpec(((),), (0,)), 1: TreeSpec(((), (0,)), (2, 2)), 2: chain}

@@ -37,8 +37,9 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 import draftsman
 from draftsman.cli import serve_cmd
+from draftsman.core import Step
 from draftsman.server import ServerSettings, create_app
-from draftsman.strategies.base import Step, Strategy
+from draftsman.strategies.base import Strategy
 from draftsman.strategies.registry import BUILDERS
 
 CORPUS = ("the quick brown fox jumps over lazy dog hello world this is a tiny model for tests "

@@ -14,6 +14,7 @@ import torch
 from scipy.stats import chi2
 from tiny import hf_model, ours_from_hf
 
+from draftsman.core import GenerationConfig
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
@@ -21,10 +22,9 @@ from draftsman.proposers.staged import StagedProposer
 from draftsman.sampling import SamplingConfig, probabilities
 from draftsman.strategies import speculative as speculative_module
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.strategies.base import GenerationConfig
 from draftsman.strategies.gamma import make_policy
 from draftsman.strategies.speculative import Speculative
-from draftsman.verify import Verdict
+from draftsman.verification.chain import Verdict
 
 
 def perturbed_copy(model, scale: float, seed: int):

@@ -8,7 +8,8 @@ import pytest
 import torch
 from tiny import tiny_pair
 
-from draftsman.tree import TreeSpec, accept_greedy, fill_tokens, layout
+from draftsman.trees.layout import TreeSpec, fill_tokens, layout
+from draftsman.verification.tree import accept_greedy
 
 SPECS = {
     "root-only": TreeSpec(((),), (0,)),
@@ -130,7 +131,7 @@ def test_tree_forward_matches_plain_forwards_and_keep_equals_prefill(family):
 
 # ----------------------------------------------------------------------------- sparse trees
 
-from draftsman.sparse_tree import (  # noqa: E402
+from draftsman.trees.sparse import (  # noqa: E402
     PRIOR_ACCURACY,
     amortised_tokens,
     choose_size,

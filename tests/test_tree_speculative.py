@@ -24,9 +24,8 @@ from test_speculative import (
 )
 from tiny import hf_model, ours_from_hf
 
-from draftsman.cache import KVCache
-from draftsman.draft_tree import DraftTree
 from draftsman.errors import InvalidArgumentError
+from draftsman.models.cache import KVCache
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.sampling import Sampler, SamplingConfig
@@ -37,7 +36,8 @@ from draftsman.strategies.gamma import make_policy
 from draftsman.strategies.registry import make_strategy
 from draftsman.strategies.speculative import Speculative
 from draftsman.strategies.tree_speculative import TreeSpeculative
-from draftsman.verify import TreeVerdict
+from draftsman.trees.draft_tree import DraftTree
+from draftsman.verification.tree import TreeVerdict
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,15 @@ from typing import Any
 
 import torch
 
+from draftsman.core import GenerationConfig, Stats, Step
 from draftsman.errors import DraftsmanError, InvalidArgumentError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.loader import load_model, parse_dtype
 from draftsman.sampling import SamplingConfig
-from draftsman.stats import Stats
-from draftsman.strategies.base import GenerationConfig, Step, check_fits
-from draftsman.tokenizer import Tokenizer, check_same_vocabulary
+from draftsman.strategies.base import check_fits
+from draftsman.text.stops import StopMatcher
+from draftsman.text.tokenizer import Tokenizer, check_same_vocabulary
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -118,7 +119,7 @@ class Result:
         return Stats.from_steps(self.steps)
 
     def as_dict(self) -> dict[str, Any]:
-        from draftsman.theory import expected_speedup
+        from draftsman.theory.speculative import expected_speedup
 
         stats = self.stats
         out = {
@@ -137,27 +138,6 @@ class Result:
             out["predicted_speedup"] = expected_speedup(stats.alpha, stats.mean_gamma,
                                                         stats.cost_ratio)
         return out
-
-
-class StopMatcher:
-    """Finds user stop strings in the decoded text and holds back text that might start one."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = tuple(s for s in stops if s)
-
-    def find(self, text: str) -> int | None:
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        return min(hits) if hits else None
-
-    def safe_length(self, text: str) -> int:
-        """Length of the prefix that cannot become part of a stop string later."""
-        hold = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:n]):
-                    hold = max(hold, n)
-                    break
-        return len(text) - hold
 
 
 class Engine:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import LAST, DecoderLM
-from draftsman.proposers.early_exit import ExitTranslator, find_exit_head, load_translator
+from draftsman.models.exit_heads import ExitTranslator, find_exit_head, load_translator
 from draftsman.sampling import Sampler, SamplingConfig
 
 # the paper's probes, 10/20/30/35/37 of 40 layers, as fractions of depth

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from draftsman.models.base import DecoderLM
-from draftsman.proposers.prompt_tokens import PromptTokens
-from draftsman.sparse_tree import TreeSet
+from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.training.prompt_tokens import chain_forward
+from draftsman.trees.sparse import TreeSet
 
 TOPK = 10  # ranks kept per guess (the Figure 6 x-axis)
 MISS = TOPK

@@ -83,7 +83,7 @@ def run(s: RunSettings, out: Path, say=lambda msg: print(msg, file=sys.stderr, f
         ) -> dict[str, Any]:
     from draftsman.bench.datasets import load_dataset
     from draftsman.engine import load
-    from draftsman.sparse_tree import measure_latency
+    from draftsman.profiling import measure_latency
     from draftsman.strategies.parallel_prompt import resolve_prompt_tokens, select_trees
 
     out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +167,7 @@ def _speedups(result: dict[str, Any], dataset: str
 
 
 def _predicted_speedup(result: dict[str, Any], tau: float, n: int) -> float:
-    from draftsman.sparse_tree import interpolate
+    from draftsman.profiling import interpolate
 
     lat = {int(k): v for k, v in result["latency"].items()}
     return tau * interpolate(lat, 1) / interpolate(lat, n)
@@ -359,7 +359,7 @@ def settings_from(args: Any) -> RunSettings:
 
 def check(s: RunSettings) -> None:
     from draftsman.errors import InvalidArgumentError
-    from draftsman.sparse_tree import KINDS
+    from draftsman.trees.sparse import KINDS
 
     if s.limit < 1 or s.max_new_tokens < 2 or s.threads < 1:
         raise InvalidArgumentError("--limit and --threads must be >= 1, --max-new-tokens >= 2")

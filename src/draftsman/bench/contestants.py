@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftsman.bench.spec import BASELINE, MethodConfig
+from draftsman.core import Step
 from draftsman.errors import InvalidArgumentError
-from draftsman.strategies.base import Step
 
 
 @dataclass(frozen=True)

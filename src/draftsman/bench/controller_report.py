@@ -30,7 +30,7 @@ DPI = 110
 
 def save_verify_cost(out: Path, engine: Any) -> None:
     """Copy the target's verify-latency profile (if one was measured) into the run folder."""
-    from draftsman.strategies.verify_cost import engine_profile_path
+    from draftsman.profiling import engine_profile_path
 
     src = engine_profile_path(engine)
     if src.is_file():

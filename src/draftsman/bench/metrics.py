@@ -40,9 +40,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from draftsman.bench.quality import corpus_bleu
-from draftsman.stats import Stats
-from draftsman.strategies.base import Step
-from draftsman.theory import (
+from draftsman.core import Stats, Step
+from draftsman.theory.speculative import (
     expected_speedup,
     expected_speedup_with_verify_cost,
     expected_tokens_per_step,

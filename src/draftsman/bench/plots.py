@@ -20,7 +20,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from draftsman.bench.metrics import MethodSummary
-from draftsman.theory import expected_speedup
+from draftsman.theory.speculative import expected_speedup
 
 SPEEDUP = "speedup_vs_gamma.png"
 THROUGHPUT = "tokens_per_second.png"

@@ -56,9 +56,10 @@ from draftsman.bench.results import (
     row_key,
 )
 from draftsman.bench.spec import BASELINE, parse_methods
+from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
-from draftsman.strategies.base import GenerationConfig, check_fits
+from draftsman.strategies.base import check_fits
 
 DETERMINISTIC = ("ngram", "prompt-lookup")
 

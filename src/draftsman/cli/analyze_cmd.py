@@ -147,7 +147,7 @@ def run_parallel_prompt(args: argparse.Namespace) -> int:
 def run_match_rate(args: argparse.Namespace) -> int:
     from draftsman.analysis import match_rate as mr
     from draftsman.engine import DEFAULT_TARGET, load_bundle
-    from draftsman.proposers.early_exit import layer_from_fraction
+    from draftsman.models.exit_heads import layer_from_fraction
 
     if args.threads < 1:
         raise InvalidArgumentError("--threads must be >= 1")
@@ -216,8 +216,8 @@ def run_match_rate(args: argparse.Namespace) -> int:
 def match_rate_report(gens: list, name: str, layers: list[int], depth: int, ks: list[int],
                       cfg: Any, out: Path, plots: bool = True) -> str:
     """Markdown: Table 2, Table 5, Tables 6-8, and the replayed timeline vs Theorem 4.1."""
-    from draftsman import pipelined_theory as pt
     from draftsman.analysis import match_rate as mr
+    from draftsman.theory import pipelined as pt
 
     half = depth // 2
     greedy = [g for g in gens if g.mode == "greedy"]

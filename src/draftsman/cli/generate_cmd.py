@@ -7,10 +7,10 @@ import json
 import sys
 import time
 
+from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
 from draftsman.sampling import SamplingConfig
-from draftsman.strategies.base import GenerationConfig
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:

@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from draftsman.engine import load_bundle
-    from draftsman.sparse_tree import measure_latency, profile_path, save_profile
+    from draftsman.profiling import measure_latency, profile_path, save_profile
 
     if args.threads is not None:
         if args.threads < 1:
@@ -85,8 +85,8 @@ def _predicted(folder: str | None, latency: dict[int, float]) -> dict[int, tuple
     """tree rows -> (τ(n), predicted speedup) from the prompt tokens' cached trees."""
     if not folder:
         return {}
-    from draftsman.proposers.prompt_tokens import PromptTokens
-    from draftsman.sparse_tree import predicted_speedups
+    from draftsman.models.prompt_tokens import PromptTokens
+    from draftsman.trees.sparse import predicted_speedups
 
     table = PromptTokens.load(folder).trees()
     if not table:

@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_speculative(args: argparse.Namespace) -> int:
-    from draftsman import theory
+    from draftsman.theory import speculative as theory
 
     gammas = [int(g) for g in _floats(args.gamma, "gamma")]
     rows = []
@@ -87,7 +87,7 @@ def run_speculative(args: argparse.Namespace) -> int:
 
 
 def run_pipelined(args: argparse.Namespace) -> int:
-    from draftsman import pipelined_theory as pt
+    from draftsman.theory import pipelined as pt
 
     d = args.d
     d_bar = d // 2 if args.d_bar is None else args.d_bar
@@ -139,8 +139,8 @@ def run_pipelined(args: argparse.Namespace) -> int:
 
 def plot_from_match_rate(source: Path, plot: Path | None) -> list[Path]:
     """Figures 3-4 from a match_rate.json (p̂ at d̄ = d/2, every task, N and Y)."""
-    from draftsman import pipelined_theory as pt
     from draftsman.analysis.match_rate import TASK_LABELS
+    from draftsman.theory import pipelined as pt
 
     data = json.loads(Path(source).read_text())
     depth = data["depth"]

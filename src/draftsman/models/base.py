@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsman.cache import KVCache
+from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 
 ALL = slice(None)

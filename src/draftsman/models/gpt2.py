@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsman.cache import KVCache
 from draftsman.models.base import DecoderLM, Linear, cached_attention
+from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 
 

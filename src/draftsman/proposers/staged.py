@@ -14,7 +14,7 @@ from draftsman.models.base import DecoderLM
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
-from draftsman.verify import verify_greedy, verify_sampling
+from draftsman.verification.chain import verify_greedy, verify_sampling
 
 
 class StagedProposer(Proposer):

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 import draftsman
+from draftsman.core import Stats
 from draftsman.engine import Engine
 from draftsman.engine import Request as EngineRequest
 from draftsman.errors import ContextOverflowError, DraftsmanError, ModelNotFoundError
@@ -54,7 +55,6 @@ from draftsman.server.schemas import (
     usage_chunk,
 )
 from draftsman.server.worker import Finished, Job, Scheduler, Tally, pin_models
-from draftsman.stats import Stats
 from draftsman.strategies.registry import BUILDERS
 
 log = logging.getLogger("draftsman.server")

@@ -26,7 +26,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from draftsman.stats import Stats
+from draftsman.core import Stats
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)

@@ -26,11 +26,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftsman.core import Stats, Step
 from draftsman.engine import Engine, Event, Request
 from draftsman.errors import ModelNotFoundError
 from draftsman.server.schemas import ApiError
-from draftsman.stats import Stats
-from draftsman.strategies.base import Step
 
 log = logging.getLogger("draftsman.server")
 

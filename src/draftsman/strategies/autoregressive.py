@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import LAST, DecoderLM
 from draftsman.sampling import Sampler
-from draftsman.strategies.base import (
-    Budget,
-    GenerationConfig,
-    Step,
-    Strategy,
-    Timer,
-    as_batch,
-    new_cache,
-    positions,
-)
+from draftsman.strategies.base import Strategy, as_batch, new_cache, positions
 
 
 class Autoregressive(Strategy):

@@ -56,20 +56,12 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import LAST, DecoderLM
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
-from draftsman.strategies.base import (
-    Budget,
-    GenerationConfig,
-    Step,
-    Strategy,
-    Timer,
-    as_batch,
-    check_fits,
-    positions,
-)
+from draftsman.strategies.base import Strategy, as_batch, check_fits, positions
 
 # ---------------------------------------------------------------------------- distances
 

@@ -16,8 +16,8 @@
 
 from __future__ import annotations
 
-from draftsman.draft_tree import DraftTree
-from draftsman.sparse_tree import interpolate
+from draftsman.profiling import interpolate
+from draftsman.trees.draft_tree import DraftTree
 
 
 class BranchPlanner:

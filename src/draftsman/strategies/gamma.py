@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftsman.errors import InvalidArgumentError
-from draftsman.theory import expected_tokens_per_step
+from draftsman.theory.speculative import expected_tokens_per_step
 
 
 @dataclass

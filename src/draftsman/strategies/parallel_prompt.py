@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import DecoderLM
-from draftsman.proposers.prompt_tokens import TreeDecoder, TypicalAcceptance
 from draftsman.sampling import Sampler
-from draftsman.strategies.base import Budget, GenerationConfig, Step, Strategy, Timer, check_fits
+from draftsman.strategies.base import Strategy, check_fits
+from draftsman.verification.prompt_tree import TreeDecoder
+from draftsman.verification.tree import TypicalAcceptance
 
 
 class ParallelPrompt(Strategy):
@@ -90,7 +92,7 @@ def resolve_prompt_tokens(spec: str | None, bundle, count: int, epts: int, seed:
     """A folder, "random" (untrained, from vocabulary embeddings: for tests and ablations),
     or None: the prompt tokens saved beside the model or shipped for its catalogue name."""
     from draftsman.errors import InvalidArgumentError
-    from draftsman.proposers.prompt_tokens import PromptTokens, find_prompt_tokens
+    from draftsman.models.prompt_tokens import PromptTokens, find_prompt_tokens
 
     if spec == "random":
         return PromptTokens.from_vocabulary(bundle.model, count, epts, seed)
@@ -110,17 +112,8 @@ def select_trees(prompts, model: DecoderLM, model_name: str, kind: str, size: st
     import torch
 
     from draftsman.errors import InvalidArgumentError
-    from draftsman.sparse_tree import (
-        KINDS,
-        PRIOR_ACCURACY,
-        TreeSet,
-        choose_size,
-        load_profile,
-        make_trees,
-        measure_latency,
-        profile_path,
-        save_profile,
-    )
+    from draftsman.profiling import load_profile, measure_latency, profile_path, save_profile
+    from draftsman.trees.sparse import KINDS, PRIOR_ACCURACY, TreeSet, choose_size, make_trees
 
     if kind not in KINDS:
         raise InvalidArgumentError(f"tree must be one of {', '.join(KINDS)}, got {kind!r}")

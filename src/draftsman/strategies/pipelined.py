@@ -45,18 +45,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from draftsman.core import Budget, GenerationConfig, Step
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import LAST, DecoderLM
 from draftsman.sampling import Sampler
-from draftsman.strategies.base import (
-    Budget,
-    GenerationConfig,
-    Step,
-    Strategy,
-    as_batch,
-    check_fits,
-    positions,
-)
+from draftsman.strategies.base import Strategy, as_batch, check_fits, positions
 from draftsman.strategies.pipelined_worker import PipelinedWorkerError, WorkerPool
 
 if TYPE_CHECKING:
@@ -259,7 +252,7 @@ def build(engine: Engine, options: dict[str, Any]) -> Strategy:
     """Registry builder. Options: exit_layer (d̄, default ⌈d/2⌉), workers or k (default 1),
     exit_head ('auto': a trained head for d̄ if one exists; 'shared'; or a file),
     threads (per sub-worker, default 1), main_threads, timeout (seconds)."""
-    from draftsman.proposers.early_exit import exit_head_file, load_translator
+    from draftsman.models.exit_heads import exit_head_file, load_translator
 
     allowed = {"exit_layer", "workers", "k", "exit_head", "threads", "main_threads", "timeout"}
     unknown = set(options) - allowed

@@ -64,9 +64,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from draftsman.cache import KVCache
 from draftsman.errors import DraftsmanError
 from draftsman.models.base import DecoderLM
+from draftsman.models.cache import KVCache
 
 
 class PipelinedWorkerError(DraftsmanError):
@@ -106,7 +106,7 @@ def worker_main(conn: Connection, model: DecoderLM, spec: WorkerSpec) -> None:
     torch.set_num_threads(spec.threads)
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
-    from draftsman.proposers.early_exit import EarlyPredictor
+    from draftsman.models.exit_heads import EarlyPredictor
 
     predictor = EarlyPredictor(model, spec.exit_layer, None)
     shallow = range(0, model.config.num_layers - spec.exit_layer)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftsman.backends.llama_cpp import SHORT as TREE_ROWS
 from draftsman.errors import InvalidArgumentError, UnsupportedError
+from draftsman.profiling import draft_cost_ratio, verify_cost_curve
 from draftsman.proposers.base import Proposer
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
@@ -17,7 +18,6 @@ from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import CostModelGamma, GammaPolicy, make_policy
 from draftsman.strategies.speculative import Speculative
 from draftsman.strategies.tree_speculative import TreeSpeculative
-from draftsman.strategies.verify_cost import draft_cost_ratio, verify_cost_curve
 
 if TYPE_CHECKING:
     from draftsman.engine import Engine

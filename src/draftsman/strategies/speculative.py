@@ -10,20 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import LAST, DecoderLM
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
-from draftsman.strategies.base import (
-    Budget,
-    GenerationConfig,
-    Step,
-    Strategy,
-    Timer,
-    check_fits,
-)
+from draftsman.strategies.base import Strategy, check_fits
 from draftsman.strategies.gamma import Feedback, GammaPolicy
-from draftsman.verify import Verdict, verify_greedy, verify_sampling
+from draftsman.verification.chain import Verdict, verify_greedy, verify_sampling
 
 
 def verify_step(state: ModelState, committed: list[int], proposal: Proposal,

@@ -22,16 +22,17 @@ from collections.abc import Iterator
 
 import torch
 
-from draftsman.draft_tree import DraftTree
+from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import DecoderLM
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
-from draftsman.strategies.base import Budget, GenerationConfig, Step, Strategy, Timer, check_fits
+from draftsman.strategies.base import Strategy, check_fits
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import Feedback, GammaPolicy
 from draftsman.strategies.speculative import prefill
-from draftsman.verify import TreeVerdict, verify_tree_greedy, verify_tree_sampling
+from draftsman.trees.draft_tree import DraftTree
+from draftsman.verification.tree import TreeVerdict, verify_tree_greedy, verify_tree_sampling
 
 
 def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,

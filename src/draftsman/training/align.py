@@ -490,7 +490,7 @@ def calibrate(cfg: AlignConfig, work: Path, progress: bool, say: Callable[[str],
     """Step 1: the large model's greedy replies, cached in <work>/calibration.jsonl (made
     again when the settings changed). The large model is freed on return."""
     import draftsman
-    from draftsman.strategies.base import GenerationConfig
+    from draftsman.core import GenerationConfig
 
     meta = calibration_meta(cfg)
     meta_path = work / CALIBRATION_META

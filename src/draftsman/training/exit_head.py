@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import DecoderLM
-from draftsman.proposers.early_exit import (
+from draftsman.models.exit_heads import (
     KINDS,
     ExitHeadConfig,
     ExitTranslator,

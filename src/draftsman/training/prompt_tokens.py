@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 
 from draftsman.models.base import DecoderLM
-from draftsman.proposers.prompt_tokens import TREES_FILE, PromptTokens
-from draftsman.tree import TreeSpec, layout
+from draftsman.models.prompt_tokens import TREES_FILE, PromptTokens
+from draftsman.trees.layout import TreeSpec, layout
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -334,10 +334,10 @@ def self_distilled_examples(model: DecoderLM, prompts: PromptTokens, tokenizer,
                             sources: Sequence[Example], new_tokens: int) -> list[Example]:
     """The target's own greedy replies to the prompts of `sources` (generated with parallel
     prompt decoding, which is exact, so it costs fewer target forwards)."""
-    from draftsman.proposers.prompt_tokens import TreeDecoder
-    from draftsman.sparse_tree import PRIOR_ACCURACY, make_trees
-    from draftsman.strategies.base import GenerationConfig
+    from draftsman.core import GenerationConfig
     from draftsman.strategies.parallel_prompt import ParallelPrompt
+    from draftsman.trees.sparse import PRIOR_ACCURACY, make_trees
+    from draftsman.verification.prompt_tree import TreeDecoder
 
     trees = make_trees("dynamic", PRIOR_ACCURACY, prompts.count, 16, prompts.epts).states
     strat = ParallelPrompt(TreeDecoder(model, prompts, trees))
@@ -426,7 +426,7 @@ def run_cli(args: argparse.Namespace) -> int:
 def calibrate(model: DecoderLM, prompts: PromptTokens, tokenizer, sources: Sequence[Example],
               new_tokens: int, cfg: TrainConfig, sizes: Sequence[int]) -> dict:
     """Measure rank accuracies on the target's own greedy replies; cache trees.json."""
-    from draftsman.sparse_tree import build_tree_table
+    from draftsman.trees.sparse import build_tree_table
 
     greedy = self_distilled_examples(model, prompts, tokenizer, sources, new_tokens)
     ev = evaluate(model, prompts.embeddings, greedy, cfg)

@@ -240,15 +240,3 @@ def fill_tokens(lay: TreeLayout, guesses_topk: torch.Tensor | None, root: int) -
     return tokens
 
 
-def accept_greedy(lay: TreeLayout, tokens: torch.Tensor, argmax: torch.Tensor) -> int:
-    """Deepest node whose whole path matches the target's argmax; returns its node index.
-
-    tokens [C] candidate ids, argmax [C] the target's choice after each node. A node is
-    correct iff its token equals the argmax at its parent; siblings hold distinct guesses,
-    so at most one child of a node is correct and the accepted path is unique.
-    """
-    ok = tokens == argmax[lay.parent]
-    ok[0] = True
-    path_ok = ok[lay.ancestors].all(-1)  # [C]
-    score = torch.where(path_ok, lay.depth, -1)
-    return int(score.argmax())

@@ -7,8 +7,8 @@ prediction. Applying the final norm and an LM head to it gives early logits
 
 where W_U is the model's own LM head and T is the identity (the "shared" head) or a trained
 exit head's translator. The top-k of z_d̄ are the early guesses used by the `pipelined`
-strategy (Yang et al., "Predictive Pipelined Decoding", section 3), by the match-rate
-analysis, and by `EarlyExitProposer` (self-speculative drafting from the first d̄ layers).
+strategy (Yang et al., "Predictive Pipelined Decoding", section 3), by BiLD's early-exit
+small model, and by the match-rate analysis.
 
 Exit heads (`ExitHead`) are small trained translators in front of the *shared* LM head,
 trained by `draftsman train exit-head` (distillation towards the final layer's distribution,
@@ -44,8 +44,6 @@ from torch import nn
 
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import DecoderLM
-from draftsman.proposers.base import Proposal, Proposer
-from draftsman.sampling import Sampler
 
 KINDS = ("lowrank", "affine", "head")
 EXIT_HEADS_DIR = "exit_heads"
@@ -301,71 +299,3 @@ class EarlyPredictor:
         return torch.topk(logits.float(), k).indices.tolist()
 
 
-class EarlyExitProposer(Proposer):
-    """Self-speculative drafting: the first `layer` layers + an (exit) head guess γ tokens.
-
-    Keeps its own cache of the shallow layers only (layers < `layer`), so the target's
-    cache is untouched; `sync` rolls it back to the committed text like a draft model.
-    Invariant: `fed` mirrors that cache (fed[i] is the token at slot i).
-    """
-
-    name = "early-exit"
-    uses_model = True
-
-    def __init__(self, model: DecoderLM, layer: int,
-                 translator: ExitTranslator | None = None) -> None:
-        self.predictor = EarlyPredictor(model, layer, translator)
-        self.model = model
-        self.shallow = range(0, layer)
-        self.cache = None
-        self.fed: list[int] = []
-
-    def start(self, prompt_ids: list[int], capacity: int) -> None:
-        self.cache = self.model.new_cache(capacity)
-        self.fed = []
-
-    def _sync(self, committed: list[int]) -> list[int]:
-        n = min(len(self.fed), len(committed))
-        i = 0
-        while i < n and self.fed[i] == committed[i]:
-            i += 1
-        if i < len(self.fed):
-            del self.fed[i:]
-            self.cache.truncate(i)
-        return committed[i:]
-
-    def _feed(self, tokens: list[int]) -> torch.Tensor:
-        start = len(self.fed)
-        ids = torch.tensor([tokens], dtype=torch.long)
-        pos = torch.arange(start, start + len(tokens), dtype=torch.long)[None]
-        out = self.model(ids, pos, self.cache, layers=self.shallow, start=start)
-        self.fed.extend(tokens)
-        return self.predictor.logits(out.hidden[0, -1])  # [V]
-
-    def propose(self, committed: list[int], gamma: int, sampler: Sampler,
-                stop_below: float | None = None) -> Proposal:
-        pending = self._sync(committed)
-        if not pending:  # the last committed token must be fed to read the next position
-            self._sync(committed[:-1])
-            pending = committed[-1:]
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        for _ in range(gamma):
-            logits = self._feed(pending)
-            if sampler.greedy:
-                token = int(logits.argmax())
-                confidence = (1.0 if stop_below is None
-                              else float(logits.float().softmax(-1)[token]))
-            else:
-                q = sampler.probs(logits)
-                token = sampler.draw(q)
-                rows.append(q)
-                confidence = float(q[token])
-            tokens.append(token)
-            pending = [token]
-            if stop_below is not None and confidence < stop_below:
-                break
-        return Proposal(tokens, torch.stack(rows) if rows else None, forwards=len(tokens))
-
-    def commit(self, committed: list[int]) -> None:
-        self._sync(committed)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftsman.tree import TreeLayout, TreeSpec, layout
+from draftsman.trees.layout import TreeLayout, TreeSpec, layout
 
 
 @dataclass(frozen=True)

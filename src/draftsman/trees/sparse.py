@@ -32,17 +32,12 @@ over n new rows, choose n maximising τ(n) / L_fp(n), τ(n) = R of the best tree
 from __future__ import annotations
 
 import heapq
-import json
 import random
-import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-import torch
-
-from draftsman.tree import TreeSpec
+from draftsman.profiling import interpolate
+from draftsman.trees.layout import TreeSpec
 
 # A conservative prior for untrained/uncalibrated prompt tokens: rank-r accuracy at distance
 # d+1 (roughly the shape of the paper's Figure 6, scaled down). Replaced by measurements.
@@ -273,45 +268,6 @@ def build_tree_table(acc: Sequence[Sequence[float]], m: int, epts: int,
 # ----------------------------------------------------------------------------- hardware
 
 
-def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: int = 3,
-                    warmup: int = 1) -> dict[int, float]:
-    """Median seconds of one forward over n new rows (tree-style bool mask, logits on every
-    row) after `context` cached tokens, for each n in `lengths`: L_fp(n) on this machine."""
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    cache = model.new_cache(context + max(lengths) + 1)
-    ids = torch.randint(0, vocab, (1, context), generator=gen)
-    model(ids, torch.arange(context)[None], cache)
-    out: dict[int, float] = {}
-    for n in lengths:
-        tokens = torch.randint(0, vocab, (1, n), generator=gen)
-        pos = torch.arange(context, context + n)[None]
-        mask = torch.ones(n, n, dtype=torch.bool).tril()
-        times = []
-        for i in range(warmup + repeats):
-            cache.truncate(context)
-            t0 = time.perf_counter()
-            model(tokens, pos, cache, mask=mask)
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        out[int(n)] = statistics.median(times)
-    return out
-
-
-def interpolate(latency: dict[int, float], n: int) -> float:
-    """Piecewise-linear L_fp(n) between measured lengths (clamped at the ends)."""
-    xs = sorted(latency)
-    if n <= xs[0]:
-        return latency[xs[0]]
-    if n >= xs[-1]:
-        return latency[xs[-1]] * n / xs[-1]
-    for a, b in zip(xs, xs[1:], strict=False):
-        if a <= n <= b:
-            w = (n - a) / (b - a)
-            return latency[a] * (1 - w) + latency[b] * w
-    return latency[xs[-1]]
-
-
 def predicted_speedups(tau: dict[int, float], latency: dict[int, float]) -> dict[int, float]:
     """Speedup(n) = τ(n) L_fp(1) / L_fp(n) over autoregressive decoding (section 4.2)."""
     base = interpolate(latency, 1)
@@ -324,20 +280,3 @@ def choose_size(tau: dict[int, float], latency: dict[int, float]) -> int:
     return max(speed, key=lambda n: (speed[n], -n))
 
 
-def profile_path(model_name: str, dtype: str, threads: int) -> Path:
-    from draftsman.store.home import draftsman_home
-
-    safe = Path(str(model_name)).name
-    return draftsman_home() / "profiles" / f"{safe}-{dtype}-t{threads}.json"
-
-
-def save_profile(path: Path, latency: dict[int, float], meta: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**meta, "latency": {str(k): v for k, v in sorted(latency.items())}}
-    path.write_text(json.dumps(data, indent=1) + "\n")
-
-
-def load_profile(path: Path) -> dict[int, float] | None:
-    if not path.is_file():
-        return None
-    return {int(k): float(v) for k, v in json.loads(path.read_text())["latency"].items()}

@@ -1,0 +1,127 @@
+"""Forward-cost profiles: L(n), the seconds of one forward over n new tokens, measured
+once per model, backend, dtype and thread count and cached under $DRAFTSMAN_HOME/profiles;
+and from it the target's verify cost curve v(n) = L(n) / L(1), measured once per model, dtype and
+thread count and cached under $DRAFTSMAN_HOME/profiles (the same file `draftsman profile`
+writes). The cost-model γ policy needs it: on a memory-bound GPU v(n) ≈ 1 for small n, on
+CPUs without native bf16 matmuls v(n) grows almost linearly, and the best γ differs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from draftsman.engine import Engine
+
+PROFILE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}.get(
+        dtype, str(dtype))
+
+
+def engine_kind(engine: Engine) -> str:
+    """What a verify-cost profile is keyed by besides model and threads."""
+    return "llama.cpp" if getattr(engine, "backend", "torch") == "llama.cpp" \
+        else dtype_name(engine.dtype)
+
+
+def engine_profile_path(engine: Engine) -> Path:
+    return profile_path(engine.target.name, engine_kind(engine), torch.get_num_threads())
+
+
+def latency_profile(engine: Engine, name: str, model: Any) -> dict[int, float]:
+    """{n: seconds of one forward over n new tokens} for `model` (the target or a draft)
+    on this engine's backend, dtype and thread count, measured once and cached."""
+    threads = torch.get_num_threads()
+    kind = engine_kind(engine)
+    path = profile_path(name, kind, threads)
+    latency = load_profile(path)
+    if latency is None or 1 not in latency:
+        print(f"draftsman: measuring {name}'s forward cost once (saved to {path})",
+              file=sys.stderr)
+        latency = measure_latency(model, PROFILE_LENGTHS, context=64, repeats=2)
+        save_profile(path, latency, {"model": name, "dtype": kind, "threads": threads,
+                                     "context": 64, "repeats": 2})
+    return latency
+
+
+def verify_cost_curve(engine: Engine, max_tokens: int) -> dict[int, float]:
+    """{n: cost of verifying n tokens / cost of one token} for n = 1..max_tokens."""
+    latency = latency_profile(engine, engine.target.name, engine.target.model)
+    base = latency[1]
+    return {n: interpolate(latency, n) / base for n in range(1, max_tokens + 1)}
+
+
+def draft_cost_ratio(engine: Engine, draft: str) -> float:
+    """c before any step: one forward of the draft model / one forward of the target."""
+    loaded = engine.model(draft)
+    mine = latency_profile(engine, loaded.name, loaded.model)[1]
+    return mine / latency_profile(engine, engine.target.name, engine.target.model)[1]
+
+
+def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: int = 3,
+                    warmup: int = 1) -> dict[int, float]:
+    """Median seconds of one forward over n new rows (tree-style bool mask, logits on every
+    row) after `context` cached tokens, for each n in `lengths`: L_fp(n) on this machine."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    cache = model.new_cache(context + max(lengths) + 1)
+    ids = torch.randint(0, vocab, (1, context), generator=gen)
+    model(ids, torch.arange(context)[None], cache)
+    out: dict[int, float] = {}
+    for n in lengths:
+        tokens = torch.randint(0, vocab, (1, n), generator=gen)
+        pos = torch.arange(context, context + n)[None]
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
+        times = []
+        for i in range(warmup + repeats):
+            cache.truncate(context)
+            t0 = time.perf_counter()
+            model(tokens, pos, cache, mask=mask)
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        out[int(n)] = statistics.median(times)
+    return out
+
+
+def interpolate(latency: dict[int, float], n: int) -> float:
+    """Piecewise-linear L_fp(n) between measured lengths (clamped at the ends)."""
+    xs = sorted(latency)
+    if n <= xs[0]:
+        return latency[xs[0]]
+    if n >= xs[-1]:
+        return latency[xs[-1]] * n / xs[-1]
+    for a, b in zip(xs, xs[1:], strict=False):
+        if a <= n <= b:
+            w = (n - a) / (b - a)
+            return latency[a] * (1 - w) + latency[b] * w
+    return latency[xs[-1]]
+
+
+def profile_path(model_name: str, dtype: str, threads: int) -> Path:
+    from draftsman.store.home import draftsman_home
+
+    safe = Path(str(model_name)).name
+    return draftsman_home() / "profiles" / f"{safe}-{dtype}-t{threads}.json"
+
+
+def save_profile(path: Path, latency: dict[int, float], meta: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {**meta, "latency": {str(k): v for k, v in sorted(latency.items())}}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def load_profile(path: Path) -> dict[int, float] | None:
+    if not path.is_file():
+        return None
+    return {int(k): float(v) for k, v in json.loads(path.read_text())["latency"].items()}
+

@@ -1,0 +1,25 @@
+"""User stop strings: where they cut the text, and how much text to hold back."""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    """Finds user stop strings in the decoded text and holds back text that might start one."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+
+    def find(self, text: str) -> int | None:
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def safe_length(self, text: str) -> int:
+        """Length of the prefix that cannot become part of a stop string later."""
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        return len(text) - hold
+
