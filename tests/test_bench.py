@@ -311,8 +311,8 @@ class Slowed(Autoregressive):
 
 
 def test_slowed_method_shows_as_slower(tmp_path, models, dataset, monkeypatch):
-    monkeypatch.setitem(registry.BUILDERS, "slowed",
-                        lambda engine, options: Slowed(engine.target.model))
+    monkeypatch.setitem(registry.METHODS, "slowed", registry.Method(
+        registry.AutoregressiveOptions, lambda engine, options: Slowed(engine.target.model)))
     cfg = config(tmp_path / "slow", models, dataset, methods=["slowed"], limit=2)
     rows = run_bench(cfg, log=quiet).rows
     base, slow = metrics.summarise(rows)
@@ -333,8 +333,8 @@ class Interrupting(Autoregressive):
 
 
 def test_interrupted_run_keeps_rows_and_resumes(tmp_path, models, dataset, monkeypatch):
-    monkeypatch.setitem(registry.BUILDERS, "flaky",
-                        lambda engine, options: Interrupting(engine.target.model))
+    monkeypatch.setitem(registry.METHODS, "flaky", registry.Method(
+        registry.AutoregressiveOptions, lambda engine, options: Interrupting(engine.target.model)))
     Interrupting.calls, Interrupting.fail_at = 0, 3
     out = tmp_path / "crash"
     cfg = config(out, models, dataset, methods=["flaky"])

@@ -24,9 +24,11 @@ from draftsman.strategies.big_little import (
     DISTANCES,
     BigLittle,
     BigLittleConfig,
+    BigLittleOptions,
     EarlyExit,
     TwoModels,
 )
+from draftsman.strategies.options import parse
 from draftsman.strategies.registry import make_strategy
 
 INF = math.inf
@@ -361,19 +363,25 @@ def test_sampling_always_fallback_is_large_model_sampling(models, early_exit):
 
 # ---- configuration and registry ----------------------------------------------------------
 
+def from_options(fallback=0.5, rollback=3.0, max_small=10, distance="cross-entropy"):
+    """CLI-style values through the shared option parser."""
+    values = dict(fallback=fallback, rollback=rollback, max_small=max_small, distance=distance)
+    return parse(BigLittleOptions, values, "big-little").config()
+
+
 def test_config_parsing_and_validation():
-    c = BigLittleConfig.from_options("0.4", "off", "off", "tv")
+    c = from_options("0.4", "off", "off", "tv")
     assert (c.fallback, c.rollback, c.max_small, c.distance) == (0.4, INF, None,
                                                                  "total-variation")
     assert not c.reviews and BigLittleConfig().reviews
-    assert BigLittleConfig.from_options(0.9, "inf", 3, "KL").distance == "kl"
+    assert from_options(0.9, "inf", 3, "KL").distance == "kl"
     for bad in (dict(fallback=1.5), dict(fallback=-0.1), dict(rollback=-1.0),
                 dict(max_small=0), dict(distance="cosine")):
         with pytest.raises(InvalidArgumentError):
             BigLittleConfig(**bad)
     for bad in (dict(fallback="high"), dict(max_small="2.5"), dict(rollback="nan")):
         with pytest.raises(InvalidArgumentError):
-            BigLittleConfig.from_options(**bad)
+            from_options(**bad)
 
 
 def test_registry_builds_big_little(models):

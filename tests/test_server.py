@@ -39,8 +39,8 @@ import draftsman
 from draftsman.cli import serve_cmd
 from draftsman.core import Step
 from draftsman.server import ServerSettings, create_app
+from draftsman.strategies import registry
 from draftsman.strategies.base import Strategy
-from draftsman.strategies.registry import BUILDERS
 
 CORPUS = ("the quick brown fox jumps over lazy dog hello world this is a tiny model for tests "
           "speculative decoding drafts tokens and target checks them in one pass def return "
@@ -428,7 +428,8 @@ class Exploding(Strategy):
 
 def test_failure_inside_generation_is_reported_and_server_keeps_serving(live, client,
                                                                        monkeypatch):
-    monkeypatch.setitem(BUILDERS, "explode", lambda engine, options: Exploding())
+    monkeypatch.setitem(registry.METHODS, "explode", registry.Method(
+        registry.AutoregressiveOptions, lambda engine, options: Exploding()))
     with pytest.raises(openai.InternalServerError, match="boom"):
         client.completions.create(model=NAME, prompt="hello", max_tokens=8,
                                   extra_body={"draftsman": {"method": "explode"}})

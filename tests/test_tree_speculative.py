@@ -8,6 +8,7 @@ and a deliberately broken rule fails the same test.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -25,7 +26,6 @@ from test_speculative import (
 from tiny import hf_model, ours_from_hf
 
 from draftsman.errors import InvalidArgumentError
-from draftsman.models.cache import KVCache
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.sampling import Sampler, SamplingConfig
@@ -87,7 +87,9 @@ def make_tree_spec(models, drafter, gamma, branches, policy=None):
 @pytest.mark.parametrize("drafter", ["ngram", "prompt-lookup"])
 def test_greedy_identical_to_autoregressive(models, drafter, branches, exact_keep,
                                             monkeypatch):
-    monkeypatch.setattr(KVCache, "exact_keep", exact_keep)
+    target = models["target"]
+    monkeypatch.setattr(type(target), "capabilities",
+                        replace(target.capabilities, exact_tree_keep=exact_keep))
     reference = Autoregressive(models["target"])
     trees = later_branch_wins = 0
     for gamma in (1, 3, 6):

@@ -29,9 +29,9 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 
 def engine_kind(engine: Engine) -> str:
-    """What a verify-cost profile is keyed by besides model and threads."""
-    return "llama.cpp" if getattr(engine, "backend", "torch") == "llama.cpp" \
-        else dtype_name(engine.dtype)
+    """What a verify-cost profile is keyed by besides model and threads: the backend's own
+    number format when it declares one (llama.cpp's kernels), else the engine's dtype."""
+    return engine.target.model.capabilities.numerics or dtype_name(engine.dtype)
 
 
 def engine_profile_path(engine: Engine) -> Path:

@@ -36,6 +36,7 @@ from draftsman.errors import BackendError, ContextOverflowError, UnsupportedErro
 from draftsman.hardware import cpu_flags
 from draftsman.models.base import ALL, Output
 from draftsman.models.config import ModelConfig
+from draftsman.models.protocol import Capabilities
 
 LIBRARY_ENV = "DRAFTSMAN_LLAMA_CPP"
 MAX_SEQUENCES = 16  # tree leaves one verify may hold
@@ -121,14 +122,10 @@ class LlamaCppCache:
 
     Invariant between calls: the context holds exactly positions 0..length-1 of sequence 0
     and nothing else, except right after a tree forward, when `tree` describes the extra
-    sequences until `keep` or `truncate` folds them away.
+    sequences until `keep` or `truncate` folds them away. Only this class changes that
+    state: the model announces a tree with `begin_tree` and a finished forward with
+    `set_length`.
     """
-
-    # keep() of a tree path leaves its cells where the tree put them, and llama.cpp sums
-    # attention in cell order: later logits can differ from a linear decode's (tree
-    # speculation therefore keeps only a path's leading in-order nodes, see
-    # strategies/tree_speculative.py)
-    exact_keep = False
 
     def __init__(self, owner: LlamaCppLM, ctx: Any, capacity: int) -> None:
         self.owner, self.ctx, self.capacity = owner, ctx, capacity
@@ -150,6 +147,14 @@ class LlamaCppCache:
             for seq in range(1, 1 + max(max(s) for s in self.tree if s)):
                 self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
             self.tree = None
+
+    def begin_tree(self, seqs: list[set[int]], start: int) -> None:
+        """Before a tree forward from `start`: node i will belong to the sequences seqs[i],
+        and every leaf sequence shares the committed prefix of sequence 0."""
+        self._drop_tree()
+        for s in range(1, 1 + max(max(x) for x in seqs)):
+            self.lib.llama_memory_seq_cp(self.memory, 0, s, -1, start)
+        self.tree, self.tree_start = seqs, start
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -192,7 +197,13 @@ class LlamaCppCache:
 class LlamaCppLM:
     """A GGUF model on llama.cpp behind the DecoderLM forward contract (see module doc)."""
 
-    backend = "llama.cpp"
+    # keep() of a tree path leaves its cells where the tree put them, and llama.cpp sums
+    # attention in cell order: later logits can differ from a linear decode's (tree
+    # speculation therefore keeps only a path's leading in-order nodes, see
+    # strategies/tree_speculative.py). Trees are fed in exact pieces up to SHORT rows.
+    capabilities = Capabilities(
+        backend="llama.cpp", layer_ranges=False, input_embeddings=False, hidden_states=False,
+        exact_tree_keep=False, max_tree_rows=SHORT, device="cpu", numerics="llama.cpp")
 
     def __init__(self, gguf: str | Path, config: ModelConfig, threads: int | None = None
                  ) -> None:
@@ -290,14 +301,10 @@ class LlamaCppLM:
         rows = [] if logits_at is None else torch.arange(n)[logits_at].tolist()
         seqs = self._sequences(mask, n)
         if seqs is not None:
-            cache._drop_tree()
-            for s in range(1, 1 + max(max(x) for x in seqs)):
-                self.lib.llama_memory_seq_cp(cache.memory, 0, s, -1, start)
+            cache.begin_tree(seqs, start)
         with self._decode_lock:
             out = self._decode(cache.ctx, ids, pos, seqs, rows)
-        cache.length = start + n
-        if seqs is not None:
-            cache.tree, cache.tree_start = seqs, start
+        cache.set_length(start + n)
         return Output(logits=out[None] if out is not None else None, hidden=None)
 
     def _sequences(self, mask: torch.Tensor | None, n: int) -> list[set[int]] | None:

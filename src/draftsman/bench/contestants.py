@@ -15,6 +15,7 @@ from typing import Any
 from draftsman.bench.spec import BASELINE, MethodConfig
 from draftsman.core import Step
 from draftsman.errors import InvalidArgumentError
+from draftsman.strategies.registry import method
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,14 @@ class DraftsmanContestant(Contestant):
     def __init__(self, engine: Any, config: MethodConfig, default_draft: str | None) -> None:
         options = config.kwargs()
         self.engine = engine
-        # --draft fills in the draft model of methods that take one and were not given one
-        self._with_draft = (dict(options, draft=default_draft)
-                            if default_draft and config.method != BASELINE
-                            and "draft" not in options and "drafter" not in options else None)
+        # --draft fills in the draft model of methods that declare one and were not given one
+        if (default_draft and method(config.method).takes_draft
+                and "draft" not in options and "drafter" not in options):
+            options["draft"] = default_draft
         self._options = options
-        strategy = self._probe(config.method)
-        drafter = self._options.get("draft") or self._options.get("drafter")
+        # build once: checks the options and loads any draft model now, before timing
+        strategy = engine.strategy(config.method, options)
+        drafter = options.get("draft") or options.get("drafter")
         if drafter is None and getattr(strategy, "proposer", None) is not None:
             drafter = _default_draft_name(engine)
         super().__init__(
@@ -85,18 +87,6 @@ class DraftsmanContestant(Contestant):
             drafter=display_name(drafter),
             options={k: v for k, v in config.options},
         )
-
-    def _probe(self, method: str) -> Any:
-        """Build the strategy once: checks the options and loads any draft model now."""
-        if self._with_draft is not None:
-            try:
-                strategy = self.engine.strategy(method, self._with_draft)
-                self._options = self._with_draft
-                return strategy
-            except InvalidArgumentError as exc:
-                if "unknown option" not in str(exc) or "draft" not in str(exc):
-                    raise
-        return self.engine.strategy(method, self._options)
 
     def request(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Any:
         return self.engine.prepare(

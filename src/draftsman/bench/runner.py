@@ -59,9 +59,8 @@ from draftsman.bench.spec import BASELINE, parse_methods
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
+from draftsman.proposers.drafters import is_model_free
 from draftsman.strategies.base import check_fits
-
-DETERMINISTIC = ("ngram", "prompt-lookup")
 
 
 @dataclass
@@ -109,6 +108,7 @@ class BenchConfig:
             raise InvalidArgumentError(f"turns must be 'first' or 'all', got {self.turns!r}")
         if not self.datasets:
             raise InvalidArgumentError("no dataset given")
+        parse_methods(self.methods)  # every method and option, before any model loads
 
 
 @dataclass
@@ -154,7 +154,7 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
         eos = engine.target.tokenizer.eos_token_ids
         assistant = assistant_name = None
         if "assisted" in variants:
-            assistant_name = draft if draft not in DETERMINISTIC else None
+            assistant_name = None if is_model_free(draft) else draft
             if assistant_name is None:
                 assistant_name = engine.default_draft()
             assistant = load_hf(engine.model(assistant_name).folder, engine.dtype)
@@ -180,7 +180,7 @@ def llama_cpp_peers(engine: Any, config: BenchConfig, variants: list[str]) -> li
         if v == "plain":
             out.append(LlamaCppPlainPeer(target, threads, eos))
         else:
-            draft = config.draft if config.draft not in DETERMINISTIC and config.draft \
+            draft = config.draft if config.draft and not is_model_free(config.draft) \
                 else engine.default_draft()
             out.append(LlamaCppSpeculativePeer(target, resolve_gguf(draft), display_name(draft),
                                                threads, engine.target.tokenizer, eos))
@@ -215,7 +215,7 @@ class Bench:
         if engine is None:
             import draftsman
 
-            model_draft = config.draft if config.draft not in DETERMINISTIC else None
+            model_draft = None if is_model_free(config.draft) else config.draft
             engine = draftsman.load(config.target, draft=model_draft, dtype=config.dtype,
                                     threads=config.threads, backend=config.backend)
         self.engine = engine

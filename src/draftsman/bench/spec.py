@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from draftsman.errors import InvalidArgumentError
+from draftsman.strategies.registry import method_options
 
 BASELINE = "autoregressive"
 MAX_RANGE = 1000
@@ -136,7 +137,8 @@ def expand_value(value: str) -> list[str]:
 
 
 def parse_spec(spec: str) -> list[MethodConfig]:
-    """One spec -> its configurations (several when a value sweeps)."""
+    """One spec -> its configurations (several when a value sweeps), each checked against
+    its method's declared options (`strategies/options.py`); nothing is loaded."""
     name, _, rest = spec.strip().partition(":")
     name = name.strip()
     if not _NAME.match(name):
@@ -154,8 +156,11 @@ def parse_spec(spec: str) -> list[MethodConfig]:
             raise InvalidArgumentError(f"option {key!r} given twice in {spec!r}")
         keys.append(key)
         choices.append(expand_value(value.strip()))
-    return [MethodConfig(name, tuple(zip(keys, combo, strict=True)))
-            for combo in itertools.product(*choices)]
+    configs = [MethodConfig(name, tuple(zip(keys, combo, strict=True)))
+               for combo in itertools.product(*choices)]
+    for config in configs:
+        method_options(config.method, config.kwargs())
+    return configs
 
 
 def parse_methods(texts: str | list[str]) -> list[MethodConfig]:

@@ -7,10 +7,14 @@ import json
 import sys
 import time
 
+import draftsman
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
 from draftsman.sampling import SamplingConfig
+from draftsman.strategies import registry
+from draftsman.strategies.options import help_lines
+from draftsman.strategies.registry import METHODS
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +34,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="autoregressive",
-                        help="autoregressive | speculative | staged (default: autoregressive)")
+                        help=" | ".join(METHODS) + " (default: autoregressive; "
+                             "--help-options lists a method's options)")
     parser.add_argument("--draft", default=None,
                         help="draft model (name/path), or ngram / prompt-lookup "
                              "(speculative); middle model (staged)")
@@ -43,6 +48,17 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
                         help="adaptive policy with --gamma auto (default: cost)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra method option, repeatable (e.g. --option subgamma=2)")
+    parser.add_argument("--help-options", action="store_true",
+                        help="print the options of --method (name, type, default, choices, "
+                             "help) and exit")
+
+
+def print_method_options(method: str) -> None:
+    """`--help-options`: the declaration of `method`'s options, one entry per option."""
+    lines = help_lines(registry.method(method).options)
+    print(f"options of --method {method}" + (":" if lines else ": none"))
+    for line in lines:
+        print(line)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -93,16 +109,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import draftsman
-
+    if args.help_options:
+        print_method_options(args.method)
+        return 0
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt or not prompt.strip():
         raise InvalidArgumentError("the prompt is empty")
-    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)  # fail before loading
+    # fail before loading any model
+    SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     GenerationConfig(args.max_new_tokens)
+    options = method_options(args)
+    registry.method_options(args.method, options)
     kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  seed=args.seed, stop=args.stop, chat=args.chat, **method_options(args))
+                  seed=args.seed, stop=args.stop, chat=args.chat, **options)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
                             backend=args.backend)
     if args.stream and not args.json:

@@ -17,10 +17,17 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from draftsman.cli.generate_cmd import add_method_args, add_model_args, method_options
+import draftsman
+from draftsman.cli.generate_cmd import (
+    add_method_args,
+    add_model_args,
+    method_options,
+    print_method_options,
+)
+from draftsman.engine import DEFAULT_DRAFTS
 from draftsman.errors import InvalidArgumentError
-
-DRAFTERS = ("ngram", "prompt-lookup")  # drafters that are not models
+from draftsman.proposers.drafters import is_model_free
+from draftsman.strategies import registry
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -91,20 +98,19 @@ def resident_drafts(args: argparse.Namespace, catalogue_draft: str | None) -> li
     if args.draft is None:
         drafts = [catalogue_draft] if catalogue_draft else []
     else:
-        drafts = [args.draft] if args.draft not in DRAFTERS else []
-    if args.subdraft is not None and args.subdraft not in DRAFTERS:
+        drafts = [] if is_model_free(args.draft) else [args.draft]
+    if args.subdraft is not None and not is_model_free(args.subdraft):
         drafts.append(args.subdraft)
     return drafts
 
 
 def build_app(args: argparse.Namespace):
     """Load the models (once) and build the FastAPI app; no socket is opened here."""
-    import draftsman
-    from draftsman.engine import DEFAULT_DRAFTS
     from draftsman.server.app import ServerSettings, create_app
 
     catalogue_draft = DEFAULT_DRAFTS.get(args.target)
     method, options = default_method(args, catalogue_draft)
+    registry.method_options(method, options)  # a bad option fails before any model loads
     drafts = resident_drafts(args, catalogue_draft)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
                             backend=args.backend)
@@ -120,6 +126,9 @@ def build_app(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.help_options:
+        print_method_options(args.method or "speculative")
+        return 0
     import uvicorn
 
     _check_limits(args)

@@ -16,6 +16,7 @@ from torch import nn
 
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
+from draftsman.models.protocol import Capabilities
 
 ALL = slice(None)
 LAST = slice(-1, None)
@@ -118,6 +119,13 @@ class DecoderLM(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.norm.weight.device
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Our own models expose every part of the forward contract."""
+        return Capabilities(backend="torch", layer_ranges=True, input_embeddings=True,
+                            hidden_states=True, exact_tree_keep=True, max_tree_rows=None,
+                            device=self.device.type, numerics=None)
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         c = self.config

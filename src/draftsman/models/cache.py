@@ -18,9 +18,8 @@ from draftsman.errors import ContextOverflowError
 
 
 class KVCache:
-    # keep() moves a tree path's entries next to the prefix: later forwards are then
-    # identical to those after a linear decode of the same tokens
-    exact_keep = True
+    """keep() moves a tree path's entries next to the prefix: later forwards are then
+    identical to those after a linear decode of the same tokens (exact_tree_keep)."""
 
     def __init__(
         self,

@@ -5,8 +5,10 @@
 
 Request life cycle (each step may answer with an OpenAI error object instead):
 1. FastAPI validates the body strictly (422 on wrong types);
-2. `_prepare` checks the model name (404), refused fields (400), the method and options
-   (400, 404 for a draft that is not resident), tokenises the prompt (413 above
+2. `_prepare` checks the model name (404), refused fields (400), the method (400) and its
+   options against the method's declaration (422 for an unknown option or a value of the
+   wrong type, 400 for one out of range, with `param` naming it; 404 for a draft that is not
+   resident), tokenises the prompt (413 above
    `max_prompt_tokens`), checks `max_tokens` against the cap and the context (400) and builds
    the engine `Request` - all in a helper thread, before any queueing;
 3. the `Scheduler` admits it (429 with Retry-After when full) and a worker thread generates;
@@ -55,7 +57,8 @@ from draftsman.server.schemas import (
     usage_chunk,
 )
 from draftsman.server.worker import Finished, Job, Scheduler, Tally, pin_models
-from draftsman.strategies.registry import BUILDERS
+from draftsman.strategies.options import OptionError
+from draftsman.strategies.registry import METHODS, method_options
 
 log = logging.getLogger("draftsman.server")
 
@@ -190,8 +193,9 @@ class Server:
         self.check_model(body.model)
         body.unsupported_fields()
         method, options = self.method_and_options(body)
-        if method in BUILDERS:
+        if method in METHODS:
             call.method = method
+        method_options(method, options)  # fail on a bad option before tokenising
         ids = self.encode(body)
         top_k = 0 if body.top_k in (None, -1) else body.top_k  # -1: off, as in vLLM
         request = self.engine.prepare(
@@ -255,6 +259,9 @@ def as_api_error(exc: BaseException) -> ApiError:
     """Any failure -> the error object the client sees (500 for bugs, logged)."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, OptionError):  # names the option inside the draftsman object
+        return ApiError(exc.status, str(exc), code="invalid_option",
+                        param=f"draftsman.{exc.option}")
     if isinstance(exc, DraftsmanError):
         code = ("model_not_found" if isinstance(exc, ModelNotFoundError)
                 else "context_length_exceeded" if isinstance(exc, ContextOverflowError)
@@ -372,7 +379,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
         return {"id": settings.model_name, "object": "model", "created": server.created,
                 "owned_by": "draftsman",
                 "draftsman": {"method": settings.method, "options": settings.options,
-                              "methods": sorted(BUILDERS), "drafts": settings.drafts,
+                              "methods": sorted(METHODS), "drafts": settings.drafts,
                               "context_length": server.context,
                               "max_tokens_cap": settings.max_tokens_cap,
                               "max_prompt_tokens": server.max_prompt_tokens}}

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -62,6 +62,7 @@ from draftsman.models.base import LAST, DecoderLM
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
 from draftsman.strategies.base import Strategy, as_batch, check_fits, positions
+from draftsman.strategies.options import MethodOptions, option
 
 # ---------------------------------------------------------------------------- distances
 
@@ -109,21 +110,6 @@ def policy_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------- config
 
-OFF = ("off", "none", "inf", "infinity", "")
-
-
-def _number(value: Any, name: str) -> float:
-    if isinstance(value, str) and value.strip().lower() in OFF:
-        return math.inf
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{name} must be a number or 'off', got {value!r}") from None
-    if math.isnan(out):
-        raise InvalidArgumentError(f"{name} must be a number, got {value!r}")
-    return out
-
-
 @dataclass(frozen=True)
 class BigLittleConfig:
     """The two thresholds, the cap and the distance (see the module docstring)."""
@@ -152,20 +138,38 @@ class BigLittleConfig:
         """Rollback is on: small tokens stay tentative until the large model checked them."""
         return math.isfinite(self.rollback)
 
-    @classmethod
-    def from_options(cls, fallback: Any = 0.5, rollback: Any = 3.0, max_small: Any = 10,
-                     distance: Any = "cross-entropy") -> BigLittleConfig:
-        """Parse CLI-style values: numbers or strings, 'off' for rollback and max_small."""
-        cap = _number(max_small, "max_small")
-        if math.isfinite(cap) and cap != int(cap):
-            raise InvalidArgumentError(f"max_small must be an integer, got {max_small!r}")
-        name = str(distance).strip().lower()
-        return cls(
-            fallback=_number(fallback, "fallback"),
-            rollback=_number(rollback, "rollback"),
-            max_small=int(cap) if math.isfinite(cap) else None,
-            distance=DISTANCE_ALIASES.get(name, name),
-        )
+
+# 'off' and its spellings: rollback -> inf (never roll back), max_small -> None (no cap)
+OFF_WORDS = ("off", "none", "inf", "infinity", "")
+
+
+@dataclass(frozen=True)
+class BigLittleOptions(MethodOptions):
+    """`--method big-little` options: the small model (or early_exit) and BigLittleConfig."""
+
+    draft: str | None = option(None, "the small model (name/path); default: the target's "
+                                     "catalogue draft")
+    fallback: float = option(0.5, "alpha_FB: the small model keeps its token while its top "
+                                  "probability is above this", kind=float, minimum=0,
+                             maximum=1)
+    rollback: float = option(3.0, "alpha_RB: the large model rolls back a small token whose "
+                                  "distance exceeds this; 'off' never", kind=float,
+                             minimum=0, words=dict.fromkeys(OFF_WORDS, math.inf))
+    max_small: int | None = option(10, "small tokens between two large runs; 'off': no cap",
+                                   kind=int, minimum=1, words=dict.fromkeys(OFF_WORDS))
+    distance: str = option("cross-entropy", "rollback distance between the two models",
+                           choices=tuple(DISTANCES), aliases=DISTANCE_ALIASES)
+    early_exit: int | None = option(None, "use the target's first LAYERS layers as the small "
+                                          "model instead of a draft", kind=int, minimum=1)
+
+    def needs(self) -> dict[str, str]:
+        if self.early_exit is None:
+            return {}
+        why = "hidden states of an intermediate layer (early_exit)"
+        return {"layer_ranges": why, "hidden_states": why}
+
+    def config(self) -> BigLittleConfig:
+        return BigLittleConfig(self.fallback, self.rollback, self.max_small, self.distance)
 
 
 # ---------------------------------------------------------------------------- model pairs

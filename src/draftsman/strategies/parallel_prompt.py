@@ -22,13 +22,28 @@ reported with its threshold in every Step's `extra`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
 
 from draftsman.core import Budget, GenerationConfig, Step, Timer
+from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import DecoderLM
+from draftsman.models.prompt_tokens import PromptTokens, find_prompt_tokens
+from draftsman.profiling import load_profile, measure_latency, profile_path, save_profile
+from draftsman.proposers.prompt_tokens import PromptTokenDraftProposer
 from draftsman.sampling import Sampler
 from draftsman.strategies.base import Strategy, check_fits
+from draftsman.strategies.gamma import make_policy
+from draftsman.strategies.options import MethodOptions, option
+from draftsman.strategies.speculative import Speculative
+from draftsman.trees.sparse import KINDS, PRIOR_ACCURACY, TreeSet, choose_size, make_trees
 from draftsman.verification.prompt_tree import TreeDecoder
 from draftsman.verification.tree import TypicalAcceptance
+
+if TYPE_CHECKING:
+    from draftsman.engine import Engine
 
 
 class ParallelPrompt(Strategy):
@@ -91,9 +106,6 @@ DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.float16
 def resolve_prompt_tokens(spec: str | None, bundle, count: int, epts: int, seed: int):
     """A folder, "random" (untrained, from vocabulary embeddings: for tests and ablations),
     or None: the prompt tokens saved beside the model or shipped for its catalogue name."""
-    from draftsman.errors import InvalidArgumentError
-    from draftsman.models.prompt_tokens import PromptTokens, find_prompt_tokens
-
     if spec == "random":
         return PromptTokens.from_vocabulary(bundle.model, count, epts, seed)
     folder = spec or find_prompt_tokens(bundle.folder, bundle.name)
@@ -109,12 +121,6 @@ def select_trees(prompts, model: DecoderLM, model_name: str, kind: str, size: st
     """The TreeSet to run: cached in trees.json when calibrated (else built from the prior
     accuracies); size "auto" maximises τ(n) / L_fp(n) with this machine's latency profile
     (measured and saved on first use, see `draftsman profile`)."""
-    import torch
-
-    from draftsman.errors import InvalidArgumentError
-    from draftsman.profiling import load_profile, measure_latency, profile_path, save_profile
-    from draftsman.trees.sparse import KINDS, PRIOR_ACCURACY, TreeSet, choose_size, make_trees
-
     if kind not in KINDS:
         raise InvalidArgumentError(f"tree must be one of {', '.join(KINDS)}, got {kind!r}")
     table = prompts.trees() or {}
@@ -146,39 +152,57 @@ def select_trees(prompts, model: DecoderLM, model_name: str, kind: str, size: st
     return make_trees(kind, acc, prompts.count, rows, prompts.epts, seed)
 
 
-def build(engine, options: dict) -> Strategy:
-    """Registry builder: `--method parallel-prompt [--option KEY=VALUE ...]`.
+AUTO = {"auto": "auto"}
 
-    Options: prompt_tokens (folder | random), tree (dynamic | static | random), tree_size
-    (rows per forward or auto), count / epts / seed (random prompt tokens), threshold /
-    typical_alpha (typical acceptance), and for the speculative combination draft (a model
-    whose own prompt tokens draft), draft_prompt_tokens, draft_tree_size, gamma.
-    """
-    from draftsman.proposers.prompt_tokens import PromptTokenDraftProposer
-    from draftsman.strategies.gamma import make_policy
-    from draftsman.strategies.registry import _int, _take
-    from draftsman.strategies.speculative import Speculative
 
-    o = _take(options, "parallel-prompt", {
-        "prompt_tokens": None, "tree": "dynamic", "tree_size": "auto", "count": 3, "epts": 1,
-        "seed": 0, "threshold": 0.09, "typical_alpha": 0.3, "draft": None,
-        "draft_prompt_tokens": None, "draft_tree_size": "auto", "gamma": 6, "max_gamma": 12})
+@dataclass(frozen=True)
+class ParallelPromptOptions(MethodOptions):
+    """`--method parallel-prompt` options; with `draft`, the draft model's own prompt tokens
+    draft for speculative decoding of the target instead."""
+
+    prompt_tokens: str | None = option(None, "a trained prompt-token folder, or 'random' "
+                                             "(default: the ones saved for the target)")
+    tree: str = option("dynamic", "candidate tree: the dynamic sparse tree, a static one, "
+                                  "or random", choices=KINDS)
+    tree_size: int | str = option("auto", "tree rows per forward; 'auto' fits this machine's "
+                                          "latency profile", kind=int, minimum=1, words=AUTO)
+    count: int = option(3, "random prompt tokens: how many", kind=int, minimum=1)
+    epts: int = option(1, "random prompt tokens: embeddings per prompt token", kind=int,
+                       minimum=1)
+    seed: int = option(0, "random prompt tokens and trees: the seed", kind=int, minimum=0)
+    threshold: float = option(0.09, "typical acceptance (temperature > 0): probability floor",
+                              kind=float, minimum=0)
+    typical_alpha: float = option(0.3, "typical acceptance: entropy factor", kind=float,
+                                  minimum=0)
+    draft: str | None = option(None, "a draft model whose own prompt tokens draft for the "
+                                     "target (speculative combination)")
+    draft_prompt_tokens: str | None = option(None, "the draft's prompt-token folder or "
+                                                   "'random'")
+    draft_tree_size: int | str = option("auto", "the draft's tree rows per forward or 'auto'",
+                                        kind=int, minimum=1, words=AUTO)
+    gamma: int | str = option(6, "with draft: tokens drafted per step, or 'auto'", kind=int,
+                              minimum=1, words=AUTO)
+    max_gamma: int = option(12, "with draft: the largest gamma", kind=int, minimum=1)
+
+    def needs(self) -> dict[str, str]:
+        return {"input_embeddings": "prompt-token embeddings fed beside the tokens"}
+
+
+def build(engine: Engine, o: ParallelPromptOptions) -> Strategy:
+    """Registry builder: `--method parallel-prompt [--option KEY=VALUE ...]`."""
     dtype = DTYPE_NAMES.get(str(engine.dtype), str(engine.dtype))  # "int8" stays "int8"
-    count, epts, seed = _int(o["count"], "count"), _int(o["epts"], "epts"), _int(
-        o["seed"], "seed", 0)
-    if o["draft"]:
-        bundle = engine.model(str(o["draft"]))
-        prompts = resolve_prompt_tokens(o["draft_prompt_tokens"], bundle, count, epts, seed)
-        trees = select_trees(prompts, bundle.model, bundle.name, str(o["tree"]),
-                             o["draft_tree_size"], dtype, seed)
+    if o.draft:
+        bundle = engine.model(o.draft)
+        prompts = resolve_prompt_tokens(o.draft_prompt_tokens, bundle, o.count, o.epts, o.seed)
+        trees = select_trees(prompts, bundle.model, bundle.name, o.tree, o.draft_tree_size,
+                             dtype, o.seed)
         proposer = PromptTokenDraftProposer(TreeDecoder(bundle.model, prompts, trees.states))
-        policy = make_policy(o["gamma"], None, _int(o["max_gamma"], "max_gamma"))
+        policy = make_policy(o.gamma, None, o.max_gamma)
         policy.max_gamma = max(policy.max_gamma, policy.gamma)
         return Speculative(engine.target.model, proposer, policy)
     target = engine.target
-    prompts = resolve_prompt_tokens(o["prompt_tokens"], target, count, epts, seed)
-    trees = select_trees(prompts, target.model, target.name, str(o["tree"]), o["tree_size"],
-                         dtype, seed)
-    typical = TypicalAcceptance(float(o["threshold"]), float(o["typical_alpha"]))
+    prompts = resolve_prompt_tokens(o.prompt_tokens, target, o.count, o.epts, o.seed)
+    trees = select_trees(prompts, target.model, target.name, o.tree, o.tree_size, dtype, o.seed)
+    typical = TypicalAcceptance(o.threshold, o.typical_alpha)
     info = {"tree": trees.kind, "tree_rows": trees.rows, "predicted_tau": trees.tau}
     return ParallelPrompt(TreeDecoder(target.model, prompts, trees.states), typical, info)

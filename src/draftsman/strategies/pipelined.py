@@ -48,14 +48,17 @@ from torch import nn
 from draftsman.core import Budget, GenerationConfig, Step
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import LAST, DecoderLM
+from draftsman.models.exit_heads import exit_head_file, load_translator
 from draftsman.sampling import Sampler
 from draftsman.strategies.base import Strategy, as_batch, check_fits, positions
+from draftsman.strategies.options import MethodOptions, option
 from draftsman.strategies.pipelined_worker import PipelinedWorkerError, WorkerPool
 
 if TYPE_CHECKING:
     from draftsman.engine import Engine
 
-__all__ = ["Pipelined", "PipelinedConfig", "PipelinedWorkerError", "build", "close_pools"]
+__all__ = ["Pipelined", "PipelinedConfig", "PipelinedOptions", "PipelinedWorkerError", "build",
+           "close_pools"]
 
 
 @dataclass(frozen=True)
@@ -235,43 +238,40 @@ class Pipelined(Strategy):
 # ----------------------------------------------------------------------------- builder
 
 
-def _number(value: Any, name: str, kind: type = int) -> Any:
-    if value is None:
-        return None
-    try:
-        out = kind(value)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"pipelined: {name} must be a number, got {value!r}") \
-            from None
-    if kind is int and float(value) != out:
-        raise InvalidArgumentError(f"pipelined: {name} must be an integer, got {value!r}")
-    return out
+@dataclass(frozen=True)
+class PipelinedOptions(MethodOptions):
+    """`--method pipelined` options (`k` is another name of `workers`)."""
+
+    aliases: ClassVar[dict[str, str]] = {"k": "workers"}
+
+    exit_layer: int | None = option(None, "d-bar: the layer whose hidden state the sub-workers "
+                                          "guess from (d/2 <= exit_layer < d; default ceil(d/2))",
+                                    kind=int, minimum=1)
+    workers: int = option(1, "k: sub-worker processes, one per guessed token", kind=int,
+                          minimum=1)
+    exit_head: str = option("auto", "'auto': a trained exit head for exit_layer if one "
+                                    "exists; 'shared': the model's LM head; or a file")
+    threads: int = option(1, "torch threads per sub-worker", kind=int, minimum=1)
+    main_threads: int | None = option(None, "the main worker's threads (default: keep)",
+                                      kind=int, minimum=1)
+    timeout: float = option(120.0, "longest wait in seconds for one sub-worker reply",
+                            kind=float, minimum=0)
+
+    def needs(self) -> dict[str, str]:
+        why = "hidden states of an intermediate layer"
+        return {"layer_ranges": why, "hidden_states": why}
+
+    def config(self) -> PipelinedConfig:
+        return PipelinedConfig(self.workers, self.exit_layer, self.threads, self.main_threads,
+                               self.timeout)
 
 
-def build(engine: Engine, options: dict[str, Any]) -> Strategy:
-    """Registry builder. Options: exit_layer (d̄, default ⌈d/2⌉), workers or k (default 1),
-    exit_head ('auto': a trained head for d̄ if one exists; 'shared'; or a file),
-    threads (per sub-worker, default 1), main_threads, timeout (seconds)."""
-    from draftsman.models.exit_heads import exit_head_file, load_translator
-
-    allowed = {"exit_layer", "workers", "k", "exit_head", "threads", "main_threads", "timeout"}
-    unknown = set(options) - allowed
-    if unknown:
-        raise InvalidArgumentError(f"unknown option(s) {', '.join(sorted(unknown))} for "
-                                   f"pipelined; valid: {', '.join(sorted(allowed))}")
-    if "k" in options and "workers" in options and str(options["k"]) != str(options["workers"]):
-        raise InvalidArgumentError("pipelined: give workers or k, not both")
-    workers = options.get("workers", options.get("k", 1))
-    config = PipelinedConfig(
-        workers=_number(workers, "workers"),
-        exit_layer=_number(options.get("exit_layer"), "exit_layer"),
-        threads=_number(options.get("threads", 1), "threads"),
-        main_threads=_number(options.get("main_threads"), "main_threads"),
-        timeout=_number(options.get("timeout", 120.0), "timeout", float),
-    )
+def build(engine: Engine, options: PipelinedOptions) -> Strategy:
+    """Registry builder: the worker pool for the target, with the exit head `exit_head`."""
+    config = options.config()
     model = engine.target.model
     d_bar = config.layer(model)
-    path = exit_head_file(engine.target.folder, d_bar, options.get("exit_head", "auto"))
+    path = exit_head_file(engine.target.folder, d_bar, options.exit_head)
     if path is None:
         return Pipelined(model, config)
     head = load_translator(path, model).to(model.dtype)

@@ -1,28 +1,80 @@
-"""Method name + options -> a ready Strategy, with clear errors for bad options."""
+"""Method name -> (its options dataclass, its builder), with clear errors for bad options.
+
+Every front end goes through `method_options` (validation, no model loaded) and
+`make_strategy` (validation, capability checks, then building, which may load drafts).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from draftsman.backends.llama_cpp import SHORT as TREE_ROWS
-from draftsman.errors import InvalidArgumentError, UnsupportedError
+from draftsman.errors import InvalidArgumentError
+from draftsman.models.protocol import require
 from draftsman.profiling import draft_cost_ratio, verify_cost_curve
 from draftsman.proposers.base import Proposer
 from draftsman.proposers.draft_model import DraftModelProposer
+from draftsman.proposers.drafters import MODEL_FREE, is_model_free
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.proposers.staged import StagedProposer
+from draftsman.strategies import parallel_prompt, pipelined
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.base import Strategy
+from draftsman.strategies.big_little import BigLittle, BigLittleOptions
 from draftsman.strategies.branches import BranchPlanner
-from draftsman.strategies.gamma import CostModelGamma, GammaPolicy, make_policy
+from draftsman.strategies.gamma import POLICIES, CostModelGamma, GammaPolicy, make_policy
+from draftsman.strategies.options import MethodOptions, option, parse, takes
 from draftsman.strategies.speculative import Speculative
 from draftsman.strategies.tree_speculative import TreeSpeculative
 
 if TYPE_CHECKING:
     from draftsman.engine import Engine
 
-DETERMINISTIC_DRAFTERS = ("ngram", "prompt-lookup")
+AUTO = {"auto": "auto"}
+DRAFT_HELP = ("draft model (name/path) or a model-free drafter (" + ", ".join(MODEL_FREE)
+              + "); default: the target's catalogue draft")
+
+
+@dataclass(frozen=True)
+class AutoregressiveOptions(MethodOptions):
+    """`--method autoregressive` takes no options."""
+
+
+@dataclass(frozen=True)
+class SpeculativeOptions(MethodOptions):
+    """`--method speculative` options (`drafter` is another name of `draft`)."""
+
+    aliases: ClassVar[dict[str, str]] = {"drafter": "draft"}
+
+    draft: str | None = option(None, DRAFT_HELP)
+    gamma: int | str = option(4, "tokens drafted per step, or 'auto' for an adaptive policy",
+                              kind=int, minimum=1, words=AUTO)
+    gamma_policy: str | None = option(None, "how gamma adapts (default: fixed; cost with "
+                                            "gamma=auto)", choices=tuple(sorted(POLICIES)))
+    max_gamma: int = option(12, "the largest gamma an adaptive policy may choose", kind=int,
+                            minimum=1)
+    branches: int | str = option(1, "draft branches verified as one tree (model-free "
+                                    "drafters), or 'auto'", kind=int, minimum=1, words=AUTO)
+    max_branches: int = option(4, "the most branches with branches=auto", kind=int, minimum=1)
+
+
+@dataclass(frozen=True)
+class StagedOptions(MethodOptions):
+    """`--method staged` options: subdraft drafts for draft, which drafts for the target."""
+
+    draft: str | None = option(None, "the middle draft model (default: the target's "
+                                     "catalogue draft)")
+    subdraft: str = option("ngram", "the lowest drafter: a model, " + " or ".join(MODEL_FREE))
+    gamma: int | str = option(4, "tokens the middle model drafts per step, or 'auto'",
+                              kind=int, minimum=1, words=AUTO)
+    subgamma: int = option(4, "tokens the subdraft drafts per middle step", kind=int,
+                           minimum=1)
+    gamma_policy: str | None = option(None, "how gamma adapts (default: fixed; cost with "
+                                            "gamma=auto)", choices=tuple(sorted(POLICIES)))
+    max_gamma: int = option(12, "the largest gamma an adaptive policy may choose", kind=int,
+                            minimum=1)
 
 
 def make_proposer(spec: str, engine: Engine) -> Proposer:
@@ -31,25 +83,6 @@ def make_proposer(spec: str, engine: Engine) -> Proposer:
     if spec == "prompt-lookup":
         return PromptLookupProposer()
     return DraftModelProposer(engine.model(spec).model)
-
-
-def _take(options: dict[str, Any], method: str, allowed: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(options) - set(allowed)
-    if unknown:
-        raise InvalidArgumentError(
-            f"unknown option(s) {', '.join(sorted(unknown))} for {method}; "
-            f"valid: {', '.join(sorted(allowed)) or 'none'}")
-    return {k: options.get(k, v) for k, v in allowed.items()}
-
-
-def _int(value: Any, name: str, minimum: int = 1) -> int:
-    try:
-        out = int(value)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}") from None
-    if out < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {out}")
-    return out
 
 
 def _calibrate(policy: GammaPolicy, engine: Engine, proposer: Proposer,
@@ -63,121 +96,117 @@ def _calibrate(policy: GammaPolicy, engine: Engine, proposer: Proposer,
         policy.calibrate(verify_cost_curve(engine, policy.max_gamma + 1), draft_cost)
 
 
-def build_autoregressive(engine: Engine, options: dict[str, Any]) -> Strategy:
-    _take(options, "autoregressive", {})
+def _policy(gamma: int | str, name: str | None, max_gamma: int) -> GammaPolicy:
+    policy = make_policy(gamma, name, max_gamma)
+    policy.max_gamma = max(policy.max_gamma, policy.gamma)
+    return policy
+
+
+def build_autoregressive(engine: Engine, options: AutoregressiveOptions) -> Strategy:
     return Autoregressive(engine.target.model)
 
 
-def build_speculative(engine: Engine, options: dict[str, Any]) -> Strategy:
-    o = _take(options, "speculative", {"draft": None, "drafter": None, "gamma": 4,
-                                        "gamma_policy": None, "max_gamma": 12,
-                                        "branches": 1, "max_branches": 4})
-    spec = o["draft"] or o["drafter"] or engine.default_draft()
-    policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
-    policy.max_gamma = max(policy.max_gamma, policy.gamma)
-    proposer = make_proposer(str(spec), engine)
-    _calibrate(policy, engine, proposer, str(spec))
-    if str(o["branches"]) == "1":
+def build_speculative(engine: Engine, o: SpeculativeOptions) -> Strategy:
+    spec = o.draft or engine.default_draft()
+    policy = _policy(o.gamma, o.gamma_policy, o.max_gamma)
+    proposer = make_proposer(spec, engine)
+    _calibrate(policy, engine, proposer, spec)
+    if o.branches == 1:
         return Speculative(engine.target.model, proposer, policy)
     if proposer.uses_model:
         raise InvalidArgumentError(
-            f"branches needs a deterministic drafter ({', '.join(DETERMINISTIC_DRAFTERS)}), "
+            f"branches needs a deterministic drafter ({', '.join(MODEL_FREE)}), "
             f"not the model {spec}")
     return TreeSpeculative(engine.target.model, proposer, policy,
-                           _branch_planner(engine, o["branches"], o["max_branches"], policy))
+                           _branch_planner(engine, o.branches, o.max_branches, policy))
 
 
-def _branch_planner(engine: Engine, branches: Any, max_branches: Any,
+def _branch_planner(engine: Engine, branches: int | str, max_branches: int,
                     policy: GammaPolicy) -> BranchPlanner:
     """branches: an integer >= 1 or 'auto' (the cost model, up to max_branches)."""
-    auto = str(branches) == "auto"
-    k = _int(max_branches if auto else branches, "max_branches" if auto else "branches")
+    auto = branches == "auto"
+    k = max_branches if auto else int(branches)
     rows = (k + 1) * policy.max_gamma + 1  # the re-fed path, the root and k branches
-    if getattr(engine, "backend", "torch") == "llama.cpp" and rows > TREE_ROWS:
+    caps = engine.target.model.capabilities
+    if caps.max_tree_rows is not None and rows > caps.max_tree_rows:
         raise InvalidArgumentError(
             f"{k} branches of up to {policy.max_gamma} guesses need {rows} rows per verify; "
-            f"the llama.cpp backend verifies trees of up to {TREE_ROWS}: lower "
+            f"the {caps.backend} backend verifies trees of up to {caps.max_tree_rows}: lower "
             "max_branches or max_gamma")
     if not auto:
         return BranchPlanner(k)
-    refeed = getattr(engine, "backend", "torch") == "llama.cpp"
-    return BranchPlanner(None, k, verify_cost_curve(engine, rows), refeed=refeed)
+    # without an exact keep, a later branch's accepted nodes are fed again
+    return BranchPlanner(None, k, verify_cost_curve(engine, rows),
+                         refeed=not caps.exact_tree_keep)
 
 
-def build_staged(engine: Engine, options: dict[str, Any]) -> Strategy:
-    o = _take(options, "staged", {"draft": None, "subdraft": "ngram", "gamma": 4,
-                                   "subgamma": 4, "gamma_policy": None, "max_gamma": 12})
-    draft = o["draft"] or engine.default_draft()
-    if draft in DETERMINISTIC_DRAFTERS:
+def build_staged(engine: Engine, o: StagedOptions) -> Strategy:
+    draft = o.draft or engine.default_draft()
+    if is_model_free(draft):
         raise InvalidArgumentError("staged needs a draft model in the middle (--draft MODEL)")
-    sub = make_proposer(str(o["subdraft"]), engine)
-    middle = StagedProposer(engine.model(draft).model, sub, _int(o["subgamma"], "subgamma"))
-    policy = make_policy(o["gamma"], o["gamma_policy"], _int(o["max_gamma"], "max_gamma"))
-    policy.max_gamma = max(policy.max_gamma, policy.gamma)
-    _calibrate(policy, engine, middle, str(draft))
+    sub = make_proposer(o.subdraft, engine)
+    middle = StagedProposer(engine.model(draft).model, sub, o.subgamma)
+    policy = _policy(o.gamma, o.gamma_policy, o.max_gamma)
+    _calibrate(policy, engine, middle, draft)
     return Speculative(engine.target.model, middle, policy)
 
 
-def build_big_little(engine: Engine, options: dict[str, Any]) -> Strategy:
-    from draftsman.strategies.big_little import BigLittle, BigLittleConfig
-
-    o = _take(options, "big-little", {"draft": None, "fallback": 0.5, "rollback": 3.0,
-                                       "max_small": 10, "distance": "cross-entropy",
-                                       "early_exit": None})
-    config = BigLittleConfig.from_options(o["fallback"], o["rollback"], o["max_small"],
-                                          o["distance"])
-    if o["early_exit"] is not None:
-        if o["draft"] is not None:
+def build_big_little(engine: Engine, o: BigLittleOptions) -> Strategy:
+    config = o.config()
+    if o.early_exit is not None:
+        if o.draft is not None:
             raise InvalidArgumentError("big-little: give either --draft or early_exit, not both")
-        layer = _int(o["early_exit"], "early_exit")
-        return BigLittle(engine.target.model, None, config, early_exit=layer)
-    draft = str(o["draft"] or engine.default_draft())
-    if draft in DETERMINISTIC_DRAFTERS:
+        return BigLittle(engine.target.model, None, config, early_exit=o.early_exit)
+    draft = o.draft or engine.default_draft()
+    if is_model_free(draft):
         raise InvalidArgumentError("big-little needs a small model (--draft MODEL), not "
                                    f"{draft}; or use --option early_exit=LAYERS")
     return BigLittle(engine.target.model, engine.model(draft).model, config)
 
 
-def build_parallel_prompt(engine: Engine, options: dict[str, Any]) -> Strategy:
-    from draftsman.strategies.parallel_prompt import build
+@dataclass(frozen=True)
+class Method:
+    """A registered method: its options dataclass and how to build it from them."""
 
-    return build(engine, options)
+    options: type[MethodOptions]
+    build: Callable[[Any, Any], Strategy]
+
+    @property
+    def takes_draft(self) -> bool:
+        """Whether the method runs a draft model given as `draft` (--draft fills it in)."""
+        return takes(self.options, "draft")
 
 
-def build_pipelined(engine: Engine, options: dict[str, Any]) -> Strategy:
-    from draftsman.strategies.pipelined import build
-
-    return build(engine, options)
-
-
-BUILDERS = {
-    "autoregressive": build_autoregressive,
-    "speculative": build_speculative,
-    "staged": build_staged,
-    "parallel-prompt": build_parallel_prompt,
-    "big-little": build_big_little,
-    "pipelined": build_pipelined,
+METHODS: dict[str, Method] = {
+    "autoregressive": Method(AutoregressiveOptions, build_autoregressive),
+    "speculative": Method(SpeculativeOptions, build_speculative),
+    "staged": Method(StagedOptions, build_staged),
+    "parallel-prompt": Method(parallel_prompt.ParallelPromptOptions, parallel_prompt.build),
+    "big-little": Method(BigLittleOptions, build_big_little),
+    "pipelined": Method(pipelined.PipelinedOptions, pipelined.build),
 }
 
 
-# What a method needs from the model that llama.cpp's API does not expose.
-TORCH_ONLY = {
-    "parallel-prompt": "prompt-token embeddings fed beside the tokens",
-    "pipelined": "hidden states of an intermediate layer",
-}
-
-
-def make_strategy(method: str, engine: Engine, options: dict[str, Any]) -> Strategy:
-    builder = BUILDERS.get(method)
-    if builder is None:
+def method(name: str) -> Method:
+    entry = METHODS.get(name)
+    if entry is None:
         raise InvalidArgumentError(
-            f"unknown method {method!r}; choose from {', '.join(sorted(BUILDERS))}")
-    if getattr(engine, "backend", "torch") != "torch":
-        need = TORCH_ONLY.get(method)
-        if method == "big-little" and options.get("early_exit") is not None:
-            need = "hidden states of an intermediate layer (early_exit)"
-        if need:
-            raise UnsupportedError(
-                f"{method} needs {need}, which the {engine.backend} backend does not expose; "
-                "use --backend torch")
-    return builder(engine, options)
+            f"unknown method {name!r}; choose from {', '.join(sorted(METHODS))}")
+    return entry
+
+
+def method_options(name: str, values: Mapping[str, Any]) -> MethodOptions:
+    """Validate `values` for method `name` (strings or JSON scalars); loads nothing."""
+    return parse(method(name).options, values, name)
+
+
+def make_strategy(name: str, engine: Engine,
+                  options: Mapping[str, Any] | MethodOptions) -> Strategy:
+    """Validate the options, check the target's capabilities, then build."""
+    entry = method(name)
+    if not isinstance(options, MethodOptions):
+        options = parse(entry.options, options, name)
+    caps = engine.target.model.capabilities
+    for capability, why in options.needs().items():
+        require(caps, capability, name, why)
+    return entry.build(engine, options)

@@ -56,7 +56,7 @@ def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,
         verdict = verify_tree_sampling(tree.tokens, tree.children, sampler.probs(logits),
                                        sampler)
     path = verdict.path
-    keep = len(path) if getattr(state.cache, "exact_keep", True) else DraftTree.contiguous(path)
+    keep = len(path) if state.model.capabilities.exact_tree_keep else DraftTree.contiguous(path)
     rows = lay.prefix + keep
     slots = list(range(start, start + lay.prefix)) + [start + lay.prefix + n for n in path[:keep]]
     state.cache.keep(slots, start)
