@@ -10,6 +10,12 @@ from draftsman.sampling import Sampler
 from draftsman.state import ModelState
 
 
+def probability(logits: torch.Tensor, token: int) -> float:
+    """softmax(logits)[token] from one log-sum-exp, without normalising the vocabulary."""
+    logits = logits.float()
+    return float((logits[token] - logits.logsumexp(-1)).exp())
+
+
 class DraftModelProposer(Proposer):
     name = "draft-model"
     uses_model = True
@@ -24,7 +30,9 @@ class DraftModelProposer(Proposer):
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
                 stop_below: float | None = None) -> Proposal:
         state = self.state
-        pending = state.sync(committed)  # >= 1 token: the target's last choice is never fed
+        # provisional: a cascade (staged) drafts after guesses it may still drop; commit()
+        # is where the text becomes final. >= 1 token: the target's last choice is never fed
+        pending = state.sync(committed, final=False)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         forwards = 0
@@ -33,8 +41,7 @@ class DraftModelProposer(Proposer):
             forwards += 1
             if sampler.greedy:
                 token = int(logits.argmax())
-                confidence = 1.0 if stop_below is None else float(
-                    logits.float().softmax(-1)[token])
+                confidence = 1.0 if stop_below is None else probability(logits, token)
             else:
                 q = sampler.probs(logits)
                 token = sampler.draw(q)

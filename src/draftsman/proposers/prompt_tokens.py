@@ -9,12 +9,8 @@ import torch
 
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler
+from draftsman.state import ModelState
 from draftsman.verification.prompt_tree import TreeDecoder
-
-# ----------------------------------------------------------------------------- acceptance
-
-
-# ----------------------------------------------------------------------------- decoding
 
 
 class PromptTokenDraftProposer(Proposer):
@@ -23,6 +19,8 @@ class PromptTokenDraftProposer(Proposer):
     The draft's greedy continuation is produced with tree forwards (exact for the draft), so
     a proposal of γ tokens costs fewer than γ draft forwards. Guesses are deterministic
     (q = None), so speculative sampling stays exact for the target in every setting.
+    The guesses read at one step stay valid for the next only if the text continued with
+    the token they follow (`guess_key`).
     """
 
     name = "prompt-token-draft"
@@ -30,40 +28,31 @@ class PromptTokenDraftProposer(Proposer):
 
     def __init__(self, decoder: TreeDecoder) -> None:
         self.decoder = decoder
-        self.cache = None
-        self.fed: list[int] = []
+        self.state: ModelState | None = None
         self.guesses: torch.Tensor | None = None
         self.guess_key: tuple[int, int] | None = None  # (len(fed), pending token) they follow
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
-        self.cache = self.decoder.model.new_cache(capacity + self.decoder.max_rows + 2)
-        self.fed = []
+        # tree nodes and prompt tokens are written after the text, then compacted
+        self.state = ModelState(self.decoder.model, capacity,
+                                extra_rows=self.decoder.max_rows + 2)
         self.guesses, self.guess_key = None, None
-
-    def _sync(self, committed: list[int]) -> list[int]:
-        n = min(len(self.fed), len(committed))
-        i = 0
-        while i < n and self.fed[i] == committed[i]:
-            i += 1
-        if i < len(self.fed):
-            del self.fed[i:]
-            self.cache.truncate(i)
-        return committed[i:]
 
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
                 stop_below: float | None = None) -> Proposal:
-        pending = self._sync(committed)
+        state = self.state
+        pending = state.sync(committed, final=False)  # a cascade may still drop its tail
         out: list[int] = []
         forwards = 0
         while len(out) < gamma:
-            valid = self.guess_key == (len(self.fed), pending[-1]) and len(pending) == 1
-            res = self.decoder.step(self.cache, pending, self.guesses if valid else None)
+            valid = self.guess_key == (len(state.fed), pending[-1]) and len(pending) == 1
+            res = self.decoder.step(state.cache, pending, self.guesses if valid else None)
             forwards += 1
-            self.fed.extend(pending + res.accepted)
+            state.record(pending + res.accepted)
             out.extend(res.accepted + [res.next_token])
             pending = [res.next_token]
-            self.guesses, self.guess_key = res.guesses, (len(self.fed), res.next_token)
+            self.guesses, self.guess_key = res.guesses, (len(state.fed), res.next_token)
         return Proposal(out[:gamma], None, forwards)
 
     def commit(self, committed: list[int]) -> None:
-        self._sync(committed)
+        self.state.sync(committed)

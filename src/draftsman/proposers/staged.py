@@ -28,7 +28,7 @@ class StagedProposer(Proposer):
         self.state: ModelState | None = None
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
-        self.state = ModelState(self.model, capacity + self.sub_gamma + 1)
+        self.state = ModelState(self.model, capacity, extra_rows=self.sub_gamma + 1)
         self.sub.start(prompt_ids, capacity + self.sub_gamma + 1)
 
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
@@ -43,7 +43,7 @@ class StagedProposer(Proposer):
             sub_gamma = min(self.sub_gamma, gamma - len(produced) - 1)
             sub = (self.sub.propose(context, sub_gamma, sampler) if sub_gamma > 0
                    else Proposal([], None))
-            pending = state.sync(context)
+            pending = state.sync(context, final=False)  # `produced` is still a guess
             logits = state.feed(pending + sub.tokens,
                                 logits_at=slice(len(pending) - 1, None)).logits[0]
             forwards += 1
@@ -58,7 +58,8 @@ class StagedProposer(Proposer):
             sub_drafted += len(sub.tokens)
             sub_accepted += verdict.accepted
             sub_rejections += int(verdict.rejected)
-            self.sub.commit(committed + produced)
+            # no sub.commit here: `produced` is provisional until the target decides, and
+            # the sub's next propose rolls its cache back to `context` by itself
         q = torch.cat(rows)[:gamma] if rows else None
         extra = {"sub_drafted": sub_drafted, "sub_accepted": sub_accepted,
                  "sub_rejections": sub_rejections, "sub_forwards": sub_forwards}

@@ -34,9 +34,10 @@ Invariants:
   token becomes final when L has checked it; with rollback off (α_RB = inf), at once.
 - With rollback on, every small token is checked: at EOS or when the small tokens fill the
   budget, L runs once more over the tail (its own next token is then cut by the budget).
-- Each model's KV cache holds exactly the committed text (minus the last token) whenever that
-  model runs: `ModelState.sync` truncates to the common prefix, so a rollback costs nothing
-  but the recomputation of the dropped positions.
+- Each model's KV cache holds a prefix of the committed text (never its last token) whenever
+  that model runs. Between large runs the text only grows, so each model feeds just what it
+  misses; a rollback cuts both caches once (`ModelState.rollback`), costing nothing but the
+  recomputation of the dropped positions.
 - α_FB = 1 (or α_RB = 0 with cross-entropy) gives the large model's own output; α_FB = 0, no
   cap and rollback off give the small model's own output.
 
@@ -59,9 +60,10 @@ import torch
 from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import LAST, DecoderLM
+from draftsman.models.cache import KVCache
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
-from draftsman.strategies.base import Strategy, as_batch, check_fits, positions
+from draftsman.strategies.base import Strategy, check_fits
 from draftsman.strategies.options import MethodOptions, option
 
 # ---------------------------------------------------------------------------- distances
@@ -180,36 +182,41 @@ class Pair(Protocol):
 
     `small_next(committed)` -> the small model's logits [V] for the position after
     `committed`. `large_check(committed, k)` -> the large model's logits [k + 1, V] for the
-    last k committed positions and the next one. `sync(tokens)` rolls both caches back to
-    the longest common prefix with `tokens`; after a rollback the strategy syncs to the
-    committed text minus its last token, which no cache may hold (it must be fed to read
-    the next position, and the deep layers of an early exit must still be able to take it).
+    last k committed positions and the next one. Between two large runs the text only grows,
+    so both feed just the tokens they miss; `rollback(n)` cuts both caches when the text was
+    cut to n tokens, and `sync(tokens)` rolls both back to the longest common prefix with
+    `tokens`. No cache may hold the last committed token (it must be fed to read the next
+    position, and the deep layers of an early exit must still be able to take it).
     """
 
     def small_next(self, committed: list[int]) -> torch.Tensor: ...
 
     def large_check(self, committed: list[int], k: int) -> torch.Tensor: ...
 
+    def rollback(self, length: int) -> None: ...
+
     def sync(self, committed: list[int]) -> None: ...
 
 
 class TwoModels:
-    """Two separate models, each with its own cache (kept in step by `ModelState.sync`)."""
+    """Two separate models, each with its own cache and `ModelState`."""
 
     def __init__(self, small: DecoderLM, large: DecoderLM, capacity: int) -> None:
         self.small = ModelState(small, capacity)
         self.large = ModelState(large, capacity)
 
     def small_next(self, committed: list[int]) -> torch.Tensor:
-        # the last token must be fed to read the next position: keep it out of the cache
-        pending = self.small.sync(committed[:-1]) + committed[-1:]
+        pending = self.small.missing(committed)  # the last token, or more after a check
         return self.small.feed(pending, logits_at=LAST).logits[0, -1]
 
     def large_check(self, committed: list[int], k: int) -> torch.Tensor:
         # inputs for the k + 1 rows: the token before the unchecked ones, and them
-        split = len(committed) - k - 1
-        pending = self.large.sync(committed[:split]) + committed[split:]
+        pending = self.large.missing(committed)
         return self.large.feed(pending, logits_at=slice(len(pending) - k - 1, None)).logits[0]
+
+    def rollback(self, length: int) -> None:
+        self.small.rollback(length)
+        self.large.rollback(length)
 
     def sync(self, committed: list[int]) -> None:
         self.small.sync(committed)
@@ -228,63 +235,73 @@ def check_exit_layer(model: DecoderLM, exit_layer: int) -> None:
 class EarlyExit:
     """The first `exit_layer` layers of one model as the small model, sharing its cache.
 
-    State: `fed` tokens have their KV in layers < exit_layer (the shallow part); the first
-    `deep` of them also in layers >= exit_layer; `hidden` holds the residual stream at the
-    exit layer for slots deep..len(fed)-1, the input the deep layers will need.
-    Invariant: deep <= len(fed) = cache.length.
+    Two states over one cache: `small` (layers < exit_layer) and `large` (the rest). The
+    small one runs ahead; `hidden` holds the residual stream at the exit layer for its
+    slots the large one has not run yet, the input the deep layers will need.
+    Invariant: large.fed is a prefix of small.fed, len(small.fed) = cache.length, and the
+    `hidden` pieces cover slots len(large.fed)..len(small.fed)-1.
     """
 
     def __init__(self, model: DecoderLM, exit_layer: int, capacity: int) -> None:
         check_exit_layer(model, exit_layer)
         self.model = model
-        self.shallow = range(0, exit_layer)
-        self.deep_layers = range(exit_layer, model.config.num_layers)
-        self.cache = model.new_cache(capacity)
-        self.fed: list[int] = []
-        self.deep = 0
-        self.hidden: list[torch.Tensor] = []  # [1, t, H] pieces, slots deep..len(fed)-1
+        self.small = ModelState(model, capacity, layers=range(0, exit_layer))
+        self.large = ModelState(model, layers=range(exit_layer, model.config.num_layers),
+                                cache=self.small.cache)
+        self.hidden: list[torch.Tensor] = []  # [1, t, H] pieces
 
-    def _run_shallow(self, tokens: list[int]) -> torch.Tensor:
-        start = len(self.fed)
-        out = self.model(as_batch(tokens), positions(start, len(tokens)), self.cache,
-                         layers=self.shallow, start=start)
-        self.fed.extend(tokens)
-        self.hidden.append(out.hidden)
-        return out.hidden
+    @property
+    def cache(self) -> KVCache:
+        return self.small.cache
+
+    @property
+    def fed(self) -> list[int]:
+        """Tokens whose keys/values the shallow layers hold."""
+        return self.small.fed
+
+    @property
+    def deep(self) -> int:
+        """Slots the deep layers hold as well."""
+        return len(self.large.fed)
+
+    def _run_shallow(self, committed: list[int]) -> torch.Tensor:
+        hidden = self.small.feed(self.small.missing(committed)).hidden
+        self.hidden.append(hidden)
+        return hidden
 
     def small_next(self, committed: list[int]) -> torch.Tensor:
-        self.sync(committed[:-1])
-        hidden = self._run_shallow(committed[len(self.fed):])
+        hidden = self._run_shallow(committed)
         with torch.inference_mode():
             return self.model.head(hidden[0, -1])
 
     def large_check(self, committed: list[int], k: int) -> torch.Tensor:
-        self.sync(committed)
-        if len(self.fed) < len(committed):  # the cap skipped the small pass: run it now
-            self._run_shallow(committed[len(self.fed):])
+        if len(self.small.fed) < len(committed):  # the cap skipped the small pass: run it now
+            self._run_shallow(committed)
         hidden = torch.cat(self.hidden, dim=1) if len(self.hidden) > 1 else self.hidden[0]
         t = hidden.shape[1]
         # holds when the strategy keeps the rule "caches never hold the last committed token"
         assert t > k, "the deep layers ran ahead of the unchecked tokens"
-        out = self.model(None, positions(self.deep, t), self.cache, layers=self.deep_layers,
-                         hidden_from=hidden, start=self.deep, logits_at=slice(t - k - 1, None))
-        self.deep += t
+        out = self.large.feed(self.small.fed[self.deep:], logits_at=slice(t - k - 1, None),
+                              hidden=hidden)
         self.hidden = []
         return out.logits[0]
 
+    def rollback(self, length: int) -> None:
+        self.small.rollback(length)
+        self._follow()
+
     def sync(self, committed: list[int]) -> None:
-        n = min(len(self.fed), len(committed))
-        i = 0
-        while i < n and self.fed[i] == committed[i]:
-            i += 1
-        if i == len(self.fed):
-            return
-        del self.fed[i:]
-        if self.deep >= i:  # deep > i cannot happen in BiLD (checked tokens are final)
-            self.deep, self.hidden = i, []
-        else:
-            self.hidden = [torch.cat(self.hidden, dim=1)[:, : i - self.deep]]
-        self.cache.truncate(i)
+        self.small.sync(committed)
+        self._follow()
+
+    def _follow(self) -> None:
+        """After the shallow state was cut, cut the deep one and the pending hidden states."""
+        n = len(self.small.fed)
+        if self.deep >= n:  # deep > n cannot happen in BiLD (checked tokens are final)
+            self.large.rollback(n)
+            self.hidden = []
+        elif self.hidden and n < self.deep + sum(h.shape[1] for h in self.hidden):
+            self.hidden = [torch.cat(self.hidden, dim=1)[:, : n - self.deep]]
 
 
 # ---------------------------------------------------------------------------- strategy
@@ -401,7 +418,7 @@ class BigLittle(Strategy):
                 del committed[len(committed) - rolled_back:]
                 committed.append(check.token)
                 if rolled_back:  # L's token may equal the one dropped: forget it too
-                    pair.sync(committed[:-1])
+                    pair.rollback(len(committed) - 1)
                 kept = unchecked[: check.kept] if policy.reviews else []
                 out = budget.clip(kept + [check.token])
             seconds = timer.take()

@@ -23,7 +23,9 @@ from draftsman.verification.chain import Verdict, verify_greedy, verify_sampling
 def verify_step(state: ModelState, committed: list[int], proposal: Proposal,
                 sampler: Sampler) -> Verdict:
     """One target forward over the pending token(s) and the guesses; decide what to keep."""
-    pending = state.sync(committed)  # the last committed token, not yet in the cache
+    # the last committed token, not yet in the cache; `committed` only grows, so this
+    # compares just what the previous step appended
+    pending = state.sync(committed)
     drafts = proposal.tokens
     logits = state.feed(pending + drafts, logits_at=slice(len(pending) - 1, None)).logits[0]
     if sampler.greedy:  # [γ+1, V] -> the target's choice after each prefix

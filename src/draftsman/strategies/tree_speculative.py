@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
-
 from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import DecoderLM
 from draftsman.proposers.base import Proposal, Proposer
@@ -41,13 +39,9 @@ def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,
     commits the accepted path to the cache. Returns the verdict and the target's argmax
     after every node."""
     lay = tree.layout
-    start = len(state.fed)
-    ids = torch.tensor([pending[:-1] + tree.tokens], dtype=torch.long)
-    pos = (lay.offsets + start + lay.prefix)[None]  # [1, T]
     branching = any(len(c) > 1 for c in tree.children)
-    out = state.model(ids, pos, state.cache, mask=lay.mask if branching else None,
-                      logits_at=lay.node_rows, start=start)
-    state.forwards += 1
+    out = state.forward_rows(pending[:-1] + tree.tokens, lay.offsets + lay.prefix,
+                             mask=lay.mask if branching else None, logits_at=lay.node_rows)
     logits = out.logits[0]  # [C, V]
     argmax = logits.argmax(-1).tolist()
     if sampler.greedy:
@@ -57,10 +51,8 @@ def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,
                                        sampler)
     path = verdict.path
     keep = len(path) if state.model.capabilities.exact_tree_keep else DraftTree.contiguous(path)
-    rows = lay.prefix + keep
-    slots = list(range(start, start + lay.prefix)) + [start + lay.prefix + n for n in path[:keep]]
-    state.cache.keep(slots, start)
-    state.fed.extend((pending[:-1] + [tree.tokens[n] for n in path])[:rows])
+    rows = list(range(lay.prefix)) + [lay.prefix + n for n in path[:keep]]
+    state.keep(rows, pending[:-1] + [tree.tokens[n] for n in path[:keep]])
     return verdict, argmax
 
 
@@ -82,7 +74,8 @@ class TreeSpeculative(Strategy):
         policy, planner = self.policy, self.planner
         room = (planner.max_branches + 1) * policy.max_gamma + 2  # tree + re-fed path rows
         capacity = len(prompt_ids) + config.max_new_tokens + room
-        state = ModelState(self.target, capacity)
+        state = ModelState(self.target, len(prompt_ids) + config.max_new_tokens,
+                           extra_rows=room)
         sampler = Sampler(config.sampling)
         budget = Budget(config)
         timer = Timer()
