@@ -24,6 +24,7 @@ from draftsman.models.loader import load_model, parse_dtype
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.base import check_fits
 from draftsman.text.stops import StopMatcher
+from draftsman.text.stream import TextStream
 from draftsman.text.tokenizer import Tokenizer, check_same_vocabulary
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -224,32 +225,12 @@ class Engine:
         return self.run(self.prepare(prompt, **kwargs))
 
     def _events(self, steps: Iterator[Step], stops: StopMatcher) -> Iterator[Event]:
-        tok = self.target.tokenizer
-        ids: list[int] = []
-        sent = 0  # characters of text already emitted
+        text = TextStream(self.target.tokenizer.decode, stops)
         try:
             for step in steps:
-                ids.extend(step.tokens)
-                text = tok.decode(ids)
-                finish = step.finish
-                kept = list(step.tokens)
-                cut = stops.find(text)
-                if cut is not None:
-                    # keep the fewest tokens whose text reaches the stop string
-                    n = len(ids) - len(step.tokens)
-                    while n < len(ids) and stops.find(tok.decode(ids[: n + 1])) is None:
-                        n += 1
-                    kept = step.tokens[: n + 1 - (len(ids) - len(step.tokens))]
-                    ids = ids[: n + 1]
-                    text, finish = text[:cut], "stop"
-                    safe = len(text)
-                elif finish is not None:
-                    safe = len(text)
-                else:
-                    safe = stops.safe_length(text.rstrip("\ufffd"))
-                delta, sent = text[sent:safe], max(sent, safe)
-                yield Event(step, kept, delta, finish)
-                if finish is not None:
+                delta = text.push(list(step.tokens), step.finish)
+                yield Event(step, delta.tokens, delta.text, delta.finish)
+                if delta.finish is not None:
                     return
         finally:
             close = getattr(steps, "close", None)

@@ -9,6 +9,7 @@ writes keys/values for the new tokens at slots start..start+T of the layers it r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ from draftsman.models.protocol import Capabilities
 
 ALL = slice(None)
 LAST = slice(-1, None)
+CACHED_MASK_ROWS = 64  # verify/draft batches; a long prefill's mask is built once per request
 
 # Without AVX-512 BF16, PyTorch's CPU bf16 matmul has no native dot product and its cost grows
 # linearly with the rows: a 128-token prefill costs 4x the same matmul done in float32 on
@@ -73,6 +75,19 @@ def attention_mask(
         return ((keys <= q) & (keys > q - sliding_window)).unsqueeze(1)
     if length == 1:
         return None
+    if length <= CACHED_MASK_ROWS:
+        return cached_causal_mask(start, length, device)
+    return causal_mask(start, length, device)
+
+
+@lru_cache(maxsize=32)
+def cached_causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor:
+    """`causal_mask` built once per shape and shared, so read-only."""
+    return causal_mask(start, length, device)
+
+
+def causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, T, start + T]: new token q sees slots 0..start+q."""
     keys = torch.arange(start + length, device=device)
     queries = torch.arange(start, start + length, device=device)
     return (keys[None, :] <= queries[:, None])[None, None]

@@ -9,7 +9,43 @@ context, so it predicts the usual continuation rather than the latest one.
 from __future__ import annotations
 
 from draftsman.proposers.base import Proposal, Proposer
+from draftsman.proposers.sequence_index import SequenceIndex
 from draftsman.sampling import Sampler
+
+
+class ContinuationIndex(SequenceIndex):
+    """context tuple -> {next token: positions where it followed that context, ascending}."""
+
+    def __init__(self, order: int) -> None:
+        super().__init__()
+        self.order = order
+        self.table: dict[tuple[int, ...], dict[int, list[int]]] = {}
+
+    def _clear(self) -> None:
+        self.table = {}
+
+    def _contexts(self, t: int) -> list[tuple[int, ...]]:
+        return [tuple(self.seq[t - k : t]) for k in range(1, min(self.order - 1, t) + 1)]
+
+    def _add(self, t: int) -> None:
+        nxt = self.seq[t]
+        for ctx in self._contexts(t):
+            self.table.setdefault(ctx, {}).setdefault(nxt, []).append(t)
+
+    def _remove(self, t: int) -> None:
+        nxt = self.seq[t]
+        for ctx in self._contexts(t):
+            slot = self.table[ctx]
+            slot[nxt].pop()
+            if not slot[nxt]:
+                del slot[nxt]
+                if not slot:
+                    del self.table[ctx]
+
+
+def _rank(item: tuple[int, list[int]]) -> tuple[int, int]:
+    """(count, last position seen): most frequent first, ties to the most recent."""
+    return len(item[1]), item[1][-1]
 
 
 class NGramProposer(Proposer):
@@ -19,34 +55,17 @@ class NGramProposer(Proposer):
         if order < 2:
             raise ValueError("an n-gram drafter needs order >= 2")
         self.order = order
-        # context tuple -> {next token: (count, last position seen)}
-        self.table: dict[tuple[int, ...], dict[int, tuple[int, int]]] = {}
-        self.indexed: list[int] = []
+        self.index = ContinuationIndex(order)
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
-        self.table = {}
-        self.indexed = []
-
-    def _index(self, committed: list[int]) -> None:
-        # the committed sequence only grows between steps of one request
-        start = len(self.indexed)
-        for t in range(max(start, 1), len(committed)):
-            nxt = committed[t]
-            for k in range(1, self.order):
-                if t - k < 0:
-                    break
-                ctx = tuple(committed[t - k : t])
-                slot = self.table.setdefault(ctx, {})
-                count, _ = slot.get(nxt, (0, 0))
-                slot[nxt] = (count + 1, t)
-        self.indexed = list(committed)
+        self.index.reset()
 
     def _next(self, seq: list[int]) -> tuple[int, int] | None:
         """(most likely next token, length of the context that predicted it)."""
         for k in range(min(self.order - 1, len(seq)), 0, -1):
-            slot = self.table.get(tuple(seq[-k:]))
+            slot = self.index.table.get(tuple(seq[-k:]))
             if slot:
-                return max(slot.items(), key=lambda item: item[1])[0], k
+                return max(slot.items(), key=_rank)[0], k
         return None
 
     def _continue(self, seq: list[int], gamma: int) -> list[int]:
@@ -61,14 +80,9 @@ class NGramProposer(Proposer):
             guess.append(found[0])
         return guess
 
-    def _refresh(self, committed: list[int]) -> None:
-        if len(self.indexed) > len(committed) or self.indexed != committed[: len(self.indexed)]:
-            self.start(committed, 0)  # a different sequence: rebuild
-        self._index(committed)
-
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
                 stop_below: float | None = None) -> Proposal:
-        self._refresh(committed)
+        self.index.update(committed)
         found = self._next(committed) if gamma > 0 else None
         if found is None:
             return Proposal([], None)
@@ -80,13 +94,13 @@ class NGramProposer(Proposer):
                          sampler: Sampler) -> list[Proposal]:
         """The `branches` most frequent next tokens after the longest known context (ties:
         most recent), each continued greedily like `propose`."""
-        self._refresh(committed)
+        self.index.update(committed)
         if gamma < 1:
             return []
         for k in range(min(self.order - 1, len(committed)), 0, -1):
-            slot = self.table.get(tuple(committed[-k:]))
+            slot = self.index.table.get(tuple(committed[-k:]))
             if slot:
-                ranked = sorted(slot.items(), key=lambda item: item[1], reverse=True)
+                ranked = sorted(slot.items(), key=_rank, reverse=True)
                 tail = committed[-self.order:]
                 return [Proposal([t] + self._continue(tail + [t], gamma - 1), None,
                                  extra={"match": k}) for t, _ in ranked[:branches]]

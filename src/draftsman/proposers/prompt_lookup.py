@@ -2,6 +2,7 @@
 
 Free to run (no model), strong when the output quotes the input (code edits, summaries,
 multi-turn chat). Tries the longest suffix first, from `max_ngram` down to `min_ngram`.
+The earlier occurrences come from an index kept in step with the sequence, not a rescan.
 """
 
 from __future__ import annotations
@@ -9,7 +10,35 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from draftsman.proposers.base import Proposal, Proposer
+from draftsman.proposers.sequence_index import SequenceIndex
 from draftsman.sampling import Sampler
+
+
+class FollowerIndex(SequenceIndex):
+    """n-gram tuple (n = 1..max_n) -> positions of the token right after each occurrence,
+    ascending; an occurrence is indexed once a token follows it."""
+
+    def __init__(self, max_n: int) -> None:
+        super().__init__()
+        self.max_n = max_n
+        self.after: dict[tuple[int, ...], list[int]] = {}
+
+    def _clear(self) -> None:
+        self.after = {}
+
+    def _grams(self, t: int) -> list[tuple[int, ...]]:
+        return [tuple(self.seq[t - n : t]) for n in range(1, min(self.max_n, t) + 1)]
+
+    def _add(self, t: int) -> None:
+        for gram in self._grams(t):
+            self.after.setdefault(gram, []).append(t)
+
+    def _remove(self, t: int) -> None:
+        for gram in self._grams(t):
+            positions = self.after[gram]
+            positions.pop()
+            if not positions:
+                del self.after[gram]
 
 
 class PromptLookupProposer(Proposer):
@@ -19,19 +48,21 @@ class PromptLookupProposer(Proposer):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("prompt lookup needs 1 <= min_ngram <= max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.index = FollowerIndex(max_ngram)
+
+    def start(self, prompt_ids: list[int], capacity: int) -> None:
+        self.index.reset()
 
     def _matches(self, committed: list[int], gamma: int) -> Iterator[Proposal]:
         """Continuations of earlier occurrences of the last tokens: longest match first,
         and among equally long ones the latest first (recent context predicts best)."""
+        self.index.update(committed)
         end = len(committed)
+        if gamma < 1:
+            return
         for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
-            suffix = committed[end - n :]
-            first = suffix[0]
-            for i in range(end - n - 1, -1, -1):
-                if committed[i] == first and committed[i : i + n] == suffix:
-                    guess = committed[i + n : i + n + gamma]
-                    if guess:
-                        yield Proposal(guess, None, extra={"match": n})
+            for t in reversed(self.index.after.get(tuple(committed[end - n :]), ())):
+                yield Proposal(committed[t : t + gamma], None, extra={"match": n})
 
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
                 stop_below: float | None = None) -> Proposal:

@@ -13,8 +13,19 @@ branch (see `DraftTree.contiguous`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-from draftsman.trees.layout import TreeLayout, TreeSpec, layout
+from draftsman.trees.layout import Path_, TreeLayout, TreeSpec, layout
+
+
+@lru_cache(maxsize=1024)
+def shape_layout(paths: tuple[Path_, ...], prefix: int) -> TreeLayout:
+    """The layout of a tree shape, built once per (shape, prefix) and shared: read-only.
+
+    A layout depends only on the rank paths (the parent structure) and the prefix rows, not
+    on the tokens, and a drafter repeats the same few shapes step after step.
+    """
+    return layout(TreeSpec(paths, (0,) * len(paths)), 1, prefix)
 
 
 @dataclass(frozen=True)
@@ -43,8 +54,7 @@ class DraftTree:
                     children[node].append(child)
                 node = child
             leaves.append(node)
-        spec = TreeSpec(tuple(paths), (0,) * len(paths))
-        return cls(tokens, parent, children, leaves, layout(spec, 1, prefix))
+        return cls(tokens, parent, children, leaves, shape_layout(tuple(paths), prefix))
 
     @property
     def nodes(self) -> int:
