@@ -14,7 +14,7 @@ class Autoregressive(Strategy):
     name = "autoregressive"
     exactness = "reference"
 
-    def __init__(self, target: DecoderLM, draft: DecoderLM | None = None) -> None:
+    def __init__(self, target: DecoderLM) -> None:
         self.target = target
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:

@@ -48,6 +48,7 @@ from torch import nn
 from draftsman.core import Budget, GenerationConfig, Step
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import LAST, DecoderLM
+from draftsman.models.exit_heads import resolve_exit_head
 from draftsman.sampling import Sampler
 from draftsman.strategies.base import Strategy, as_batch, check_fits, positions
 from draftsman.strategies.pipelined_worker import PipelinedWorkerError, WorkerPool
@@ -252,8 +253,6 @@ def build(engine: Engine, options: dict[str, Any]) -> Strategy:
     """Registry builder. Options: exit_layer (d̄, default ⌈d/2⌉), workers or k (default 1),
     exit_head ('auto': a trained head for d̄ if one exists; 'shared'; or a file),
     threads (per sub-worker, default 1), main_threads, timeout (seconds)."""
-    from draftsman.models.exit_heads import exit_head_file, load_translator
-
     allowed = {"exit_layer", "workers", "k", "exit_head", "threads", "main_threads", "timeout"}
     unknown = set(options) - allowed
     if unknown:
@@ -271,11 +270,9 @@ def build(engine: Engine, options: dict[str, Any]) -> Strategy:
     )
     model = engine.target.model
     d_bar = config.layer(model)
-    path = exit_head_file(engine.target.folder, d_bar, options.get("exit_head", "auto"))
-    if path is None:
+    resolved = resolve_exit_head(model, engine.target.folder, d_bar,
+                                 options.get("exit_head", "auto"))
+    if resolved is None:
         return Pipelined(model, config)
-    head = load_translator(path, model).to(model.dtype)
-    if head.config.layer != d_bar:
-        raise InvalidArgumentError(f"pipelined: {path} is an exit head for layer "
-                                   f"{head.config.layer}, not {d_bar}")
+    head, path = resolved
     return Pipelined(model, config, head, (str(path), path.stat().st_mtime))
