@@ -100,9 +100,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from draftsman.bench.report import compare, speed_table, write_report
-    from draftsman.bench.tables import table_md
     from draftsman.bench.results import ResultsFile
     from draftsman.bench.runner import run_bench
+    from draftsman.bench.tables import table_md
 
     if args.compare:
         print(compare(*args.compare))
