@@ -18,20 +18,17 @@ from draftsman.core import GenerationConfig
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.loader import load_model
 from draftsman.strategies.autoregressive import Autoregressive
-from draftsman.training.align import (
-    CALIBRATION,
+from draftsman.training.align import CALIBRATION, WORK_DIR, generate_calibration, read_calibration
+from draftsman.training.finetune import (
     CHECKPOINT,
     SUMMARY,
-    WORK_DIR,
     Example,
     TrainConfig,
     Trainer,
     add_lora,
     evaluate,
-    generate_calibration,
     load_trainable,
     merge_lora,
-    read_calibration,
     save_model_folder,
     weights_dtype,
 )

@@ -38,6 +38,7 @@ from draftsman.models.exit_heads import (
     head_fingerprint,
     layer_from_fraction,
     load_translator,
+    resolve_exit_head,
     save_exit_head,
 )
 from draftsman.sampling import SamplingConfig
@@ -244,6 +245,19 @@ def test_exit_head_locations(tmp_path, monkeypatch, model):
     assert exit_head_file(managed, 2, "shared") is None
     assert layer_from_fraction(40, "0.5") == 20 and layer_from_fraction(40, "37") == 37
     assert layer_from_fraction(24, 0.925) == 22
+
+
+def test_resolve_exit_head_checks_the_layer(tmp_path, model):
+    c = model.config
+    tr = ExitTranslator(ExitHeadConfig(2, "lowrank", 4, c.hidden_size, c.vocab_size))
+    path = save_exit_head(tr, tmp_path / "layer2.safetensors",
+                          {"fingerprint": head_fingerprint(model)})
+    assert resolve_exit_head(model, tmp_path, 2, "shared") is None
+    head, found = resolve_exit_head(model, tmp_path, 2, str(path))
+    assert found == path and head.config.layer == 2
+    assert next(head.parameters()).dtype == model.dtype
+    with pytest.raises(InvalidArgumentError, match="exit head for layer 2, not 3"):
+        resolve_exit_head(model, tmp_path, 3, str(path))
 
 
 # ----------------------------------------------------------------------------- strategy

@@ -21,6 +21,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from draftsman.bench.metrics import MethodSummary
+from draftsman.bench.tables import Table, num
+from draftsman.profiling import engine_profile_path
 
 VERIFY_COST = "verify_cost.json"
 VERIFY_PLOT = "verify_cost.png"
@@ -30,8 +32,6 @@ DPI = 110
 
 def save_verify_cost(out: Path, engine: Any) -> None:
     """Copy the target's verify-latency profile (if one was measured) into the run folder."""
-    from draftsman.profiling import engine_profile_path
-
     src = engine_profile_path(engine)
     if src.is_file():
         shutil.copyfile(src, Path(out) / VERIFY_COST)
@@ -50,9 +50,7 @@ def _adaptive(summaries: list[MethodSummary]) -> list[MethodSummary]:
 
 
 def controller_tables(out: Path, rows: list[dict], summaries: list[MethodSummary],
-                      baseline: str = "autoregressive") -> list[Any]:
-    from draftsman.bench.report import Table, num
-
+                      baseline: str = "autoregressive") -> list[Table]:
     tables = []
     latency = load_latency(out)
     if latency:

@@ -35,7 +35,7 @@ PRESETS: dict[str, Preset] = {
         peers=("hf:plain,assisted",),
     ),
     "speculative": Preset(
-        "the speculative family's table (issue 3): each drafter, fixed γ 1-7, every adaptive "
+        "the speculative family's table: each drafter, fixed γ 1-7, every adaptive "
         "controller and staged, on HumanEval and MT-Bench (first 20 each), with transformers; "
         "hours on a 2-core CPU",
         methods=(
@@ -51,7 +51,7 @@ PRESETS: dict[str, Preset] = {
         peers=("hf",),
     ),
     "llama-cpp": Preset(
-        "the llama.cpp backend (issue 9) on the default pair's GGUF weights: autoregressive, "
+        "the llama.cpp backend on the default pair's GGUF weights: autoregressive, "
         "every drafter under the cost-model controller, prompt lookup with cost-chosen tree "
         "branches, the 0.5B draft at fixed γ, against "
         "llama.cpp's own plain and speculative decoding; HumanEval and MT-Bench, greedy",

@@ -11,40 +11,22 @@ import base64
 import html
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftsman.bench.controller_report import controller_plots, controller_tables
 from draftsman.bench.metrics import MethodSummary, datasets_of, summarise
 from draftsman.bench.plots import make_plots
 from draftsman.bench.results import ResultsFile, Row, invocations
+from draftsman.bench.tables import CSS, Table, num, pct, table_html, table_md, times
+from draftsman.errors import InvalidArgumentError
 
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
 
 
-@dataclass
-class Table:
-    title: str
-    headers: list[str]
-    rows: list[list[str]]
-    note: str = ""
-
-
 # ----------------------------------------------------------------------------- formatting
-
-def num(x: float | None, digits: int = 2) -> str:
-    return "—" if x is None else f"{x:.{digits}f}"
-
-
-def times(x: float | None) -> str:
-    return "—" if x is None else f"{x:.2f}×"
-
-
-def pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.0f}%"
-
 
 def spread(value: float | None, low: float | None, high: float | None, repeats: int) -> str:
     if value is None:
@@ -163,28 +145,6 @@ def tables(rows: list[Row], baseline: str = "autoregressive") -> tuple[list[Meth
 
 # ----------------------------------------------------------------------------- rendering
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def table_md(t: Table) -> str:
-    lines = [f"### {t.title}", "", "| " + " | ".join(t.headers) + " |",
-             "|" + "|".join("---" for _ in t.headers) + "|"]
-    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in t.rows]
-    if t.note:
-        lines += ["", f"_{t.note}_"]
-    return "\n".join(lines) + "\n"
-
-
-def table_html(t: Table) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in t.headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                   for row in t.rows)
-    note = f"<p class='note'>{html.escape(t.note)}</p>" if t.note else ""
-    return (f"<h2>{html.escape(t.title)}</h2><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>{note}")
-
-
 def context(rows: list[Row], config: dict[str, Any] | None) -> list[tuple[str, str]]:
     """Run facts for the report header (from the rows, so a resumed run reports itself)."""
     first = rows[0] if rows else {}
@@ -221,14 +181,6 @@ def render_md(rows: list[Row], tbls: list[Table], config: dict[str, Any] | None,
     return "\n".join(parts) + "\n"
 
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:.5em 0;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}
-.note{color:#555;font-size:12px;max-width:1000px}dt{font-weight:bold;float:left;width:12em}
-dd{margin-left:13em}img{max-width:100%;border:1px solid #eee;margin:.5em 0}"""
-
-
 def render_html(rows: list[Row], tbls: list[Table], config: dict[str, Any] | None,
                 plots: list[Path]) -> str:
     facts = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
@@ -255,8 +207,6 @@ def write_report(out: str | Path, rows: list[Row] | None = None,
     if config is None:
         runs = invocations(out)
         config = runs[0] if runs else None  # the command that started the run
-    from draftsman.bench.controller_report import controller_plots, controller_tables
-
     summaries, tbls = tables(rows)
     tbls += controller_tables(out, rows, summaries)
     plots = make_plots(out, summaries) + controller_plots(out, rows, summaries)
@@ -284,8 +234,6 @@ def compare(a: str | Path, b: str | Path) -> str:
     rows_a, rows_b = ResultsFile(a).rows(), ResultsFile(b).rows()
     for folder, rows in ((a, rows_a), (b, rows_b)):
         if not rows:
-            from draftsman.errors import InvalidArgumentError
-
             raise InvalidArgumentError(f"{folder} has no results.jsonl rows")
     sa = {s.label: s for s in summarise(rows_a)}
     sb = {s.label: s for s in summarise(rows_b)}

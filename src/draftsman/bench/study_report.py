@@ -12,7 +12,7 @@ import html
 import re
 from pathlib import Path
 
-from draftsman.bench.report import CSS
+from draftsman.bench.tables import CSS
 
 _IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)$")
 

@@ -99,9 +99,10 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsman.bench.report import compare, speed_table, table_md, write_report
+    from draftsman.bench.report import compare, speed_table, write_report
     from draftsman.bench.results import ResultsFile
     from draftsman.bench.runner import run_bench
+    from draftsman.bench.tables import table_md
 
     if args.compare:
         print(compare(*args.compare))

@@ -256,9 +256,9 @@ def exit_head_file(folder: str | Path | None, layer: int, spec: str | None = "au
 
 
 def resolve_exit_head(model: DecoderLM, folder: str | Path | None, layer: int,
-                      spec: str | None = "auto") -> ExitTranslator | None:
+                      spec: str | None = "auto") -> tuple[ExitTranslator, Path] | None:
     """The translator `exit_head_file` names, checked against `model` and `layer`, in the
-    model's dtype; None for the shared head."""
+    model's dtype, with the file it came from; None for the shared head."""
     path = exit_head_file(folder, layer, spec)
     if path is None:
         return None
@@ -266,7 +266,7 @@ def resolve_exit_head(model: DecoderLM, folder: str | Path | None, layer: int,
     if translator.config.layer != layer:
         raise InvalidArgumentError(f"{path} is an exit head for layer "
                                    f"{translator.config.layer}, not {layer}")
-    return translator
+    return translator, path
 
 
 # ----------------------------------------------------------------------------- predictions

@@ -50,7 +50,6 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     exactness: ClassVar[str]  # "reference", "exact", "exact-greedy", "lossy"
-    needs_draft: ClassVar[bool] = False
 
     @abstractmethod
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:

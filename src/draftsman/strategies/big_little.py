@@ -327,7 +327,6 @@ class BigLittle(Strategy):
 
     name: ClassVar[str] = "big-little"
     exactness: ClassVar[str] = "lossy"
-    needs_draft: ClassVar[bool] = True
 
     def __init__(self, large: DecoderLM, small: DecoderLM | None,
                  config: BigLittleConfig | None = None, early_exit: int | None = None) -> None:

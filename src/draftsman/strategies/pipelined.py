@@ -48,7 +48,7 @@ from torch import nn
 from draftsman.core import Budget, GenerationConfig, Step
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import LAST, DecoderLM
-from draftsman.models.exit_heads import exit_head_file, load_translator
+from draftsman.models.exit_heads import resolve_exit_head
 from draftsman.sampling import Sampler
 from draftsman.strategies.base import Strategy, as_batch, check_fits, positions
 from draftsman.strategies.options import MethodOptions, option
@@ -271,11 +271,8 @@ def build(engine: Engine, options: PipelinedOptions) -> Strategy:
     config = options.config()
     model = engine.target.model
     d_bar = config.layer(model)
-    path = exit_head_file(engine.target.folder, d_bar, options.exit_head)
-    if path is None:
+    resolved = resolve_exit_head(model, engine.target.folder, d_bar, options.exit_head)
+    if resolved is None:
         return Pipelined(model, config)
-    head = load_translator(path, model).to(model.dtype)
-    if head.config.layer != d_bar:
-        raise InvalidArgumentError(f"pipelined: {path} is an exit head for layer "
-                                   f"{head.config.layer}, not {d_bar}")
+    head, path = resolved
     return Pipelined(model, config, head, (str(path), path.stat().st_mtime))

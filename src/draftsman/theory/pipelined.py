@@ -237,27 +237,3 @@ def plot_tradeoff(p_hat: dict[str, dict[int, float]], path: Path, title: str,
         written.append(out)
     return written
 
-
-def plot_timeline(sim: Simulation, path: Path, k: int, title: str = "") -> Path:
-    """A Gantt chart of a simulated timeline (the paper's Figure 2)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.5 * (k + 1)))
-    for iv in sim.timeline:
-        color = "tab:blue" if iv.worker == 0 else ("tab:green" if iv.kept else "tab:red")
-        ax.broken_barh([(iv.start, iv.end - iv.start)], (iv.worker - 0.4, 0.8),
-                       facecolors=color, edgecolor="white", alpha=0.85)
-        ax.text((iv.start + iv.end) / 2, iv.worker, str(iv.token), ha="center", va="center",
-                fontsize=6, color="white")
-    ax.set_yticks(range(k + 1), ["main", *(f"sub {w}" for w in range(1, k + 1))])
-    ax.invert_yaxis()
-    ax.set_xlabel("layer-time units")
-    ax.set_title(title or f"latency {sim.latency}, compute {sim.compute}")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

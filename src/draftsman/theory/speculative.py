@@ -6,7 +6,6 @@ target forward:
 
     E[tokens per step]       = (1 - α^(γ+1)) / (1 - α)                  (eq. 1)
     E[walltime improvement]  = (1 - α^(γ+1)) / ((1 - α)(γc + 1))         (Theorem 3.8)
-    E[arithmetic increase]   = (1 - α)(γĉ + γ + 1) / (1 - α^(γ+1))       (Theorem 3.11)
 
 Any speedup needs α > c (Corollary 3.9). α for a draft q against a target p is
 Σ_x min(p(x), q(x)) = 1 - TV(p, q) (Definition 3.2 / Corollary 3.6).
@@ -15,8 +14,6 @@ Any speedup needs α > c (Corollary 3.9). α for a draft q against a target p is
 from __future__ import annotations
 
 import math
-
-import torch
 
 
 def expected_tokens_per_step(alpha: float, gamma: float) -> float:
@@ -39,13 +36,6 @@ def expected_speedup_with_verify_cost(
     return expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost + verify_cost)
 
 
-def expected_arithmetic_increase(alpha: float, gamma: float, op_ratio: float) -> float:
-    """Factor of extra arithmetic operations (Theorem 3.11); op_ratio ĉ = draft ops / target ops."""
-    return (1.0 - alpha) * (gamma * op_ratio + gamma + 1.0) / (
-        1.0 - alpha ** (gamma + 1) if alpha < 1 else 1.0
-    )
-
-
 def optimal_gamma(alpha: float, cost_ratio: float, max_gamma: int = 32) -> int:
     """Integer γ >= 1 maximising expected_speedup; returns 0 if no γ beats the target alone."""
     best_gamma, best = 0, 1.0
@@ -59,11 +49,6 @@ def optimal_gamma(alpha: float, cost_ratio: float, max_gamma: int = 32) -> int:
 def speedup_possible(alpha: float, cost_ratio: float) -> bool:
     """Corollary 3.9: some γ gives a speedup iff α > c."""
     return alpha > cost_ratio
-
-
-def alpha_from_distributions(p: torch.Tensor, q: torch.Tensor) -> float:
-    """α = E[β] where β = Σ_x min(p(x), q(x)), averaged over leading dimensions."""
-    return float(torch.minimum(p, q).sum(-1).mean())
 
 
 def oracle_speedup(alpha: float, cost_ratio: float) -> float:
@@ -82,16 +67,6 @@ def oracle_speedup_from_runs(accepted_runs: list[int], cost_ratio: float) -> flo
     tokens = sum(n + 1 for n in accepted_runs)
     cost = sum(n * cost_ratio + 1.0 for n in accepted_runs)
     return tokens / cost
-
-
-def pipelined_latency(d: int, d_bar: int, length: int, p_correct: float) -> float:
-    """Theorem 4.1 (Predictive Pipelined Decoding), in layer-time units."""
-    return d * length - (d - d_bar) * (length - 1) * p_correct
-
-
-def pipelined_compute(d: int, d_bar: int, length: int, p_correct: float, k: int) -> float:
-    """Theorem 4.1: expected compute, in layer-time units, with k sub-workers."""
-    return pipelined_latency(d, d_bar, length, p_correct) + k * (d - d_bar) * length
 
 
 def is_finite(x: float | None) -> bool:

@@ -102,7 +102,7 @@ def sharegpt_sequences(tokenizer: Any, count: int, seq_len: int, chat: bool = Tr
                        ) -> list[list[int]]:
     """First user turn (chat template) + the assistant's reply, cut to `seq_len` tokens;
     conversations whose prompt alone fills half the window are skipped."""
-    from draftsman.bench.datasets import sharegpt_conversations
+    from draftsman.bench.dataset_loaders import sharegpt_conversations
 
     out: list[list[int]] = []
     for conv in sharegpt_conversations():

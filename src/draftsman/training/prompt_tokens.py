@@ -304,7 +304,7 @@ def sharegpt_examples(tokenizer, count: int, seq_len: int, skip: int = 0,
                       max_prompt: int | None = None) -> list[Example]:
     """First user turn (chat template) + the assistant's reply, cut to `seq_len` tokens;
     insertion points go in the reply. Conversations whose prompt leaves no room are skipped."""
-    from draftsman.bench.datasets import sharegpt_conversations
+    from draftsman.bench.dataset_loaders import sharegpt_conversations
 
     max_prompt = max_prompt or seq_len // 2
     out: list[Example] = []
