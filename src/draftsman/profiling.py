@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from draftsman.store.home import draftsman_home
+
 if TYPE_CHECKING:
     from draftsman.engine import Engine
 
@@ -108,8 +110,6 @@ def interpolate(latency: dict[int, float], n: int) -> float:
 
 
 def profile_path(model_name: str, dtype: str, threads: int) -> Path:
-    from draftsman.store.home import draftsman_home
-
     safe = Path(str(model_name)).name
     return draftsman_home() / "profiles" / f"{safe}-{dtype}-t{threads}.json"
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+import draftsman
 from draftsman.bench.contestants import (
     Contestant,
     DraftsmanContestant,
@@ -60,6 +61,7 @@ from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
 from draftsman.proposers.drafters import is_model_free
+from draftsman.store.resolve import resolve_gguf
 from draftsman.strategies.base import check_fits
 
 
@@ -170,7 +172,6 @@ def llama_cpp_peers(engine: Any, config: BenchConfig, variants: list[str]) -> li
     if not variants:
         return []
     from draftsman.bench.peer_llama_cpp import LlamaCppPlainPeer, LlamaCppSpeculativePeer
-    from draftsman.store.resolve import resolve_gguf
 
     threads = config.threads or torch.get_num_threads()
     eos = engine.target.tokenizer.eos_token_ids
@@ -213,8 +214,6 @@ class Bench:
             check_machine(self.existing, machine(), self.out)
         self.prompts = load_prompts(config)
         if engine is None:
-            import draftsman
-
             model_draft = None if is_model_free(config.draft) else config.draft
             engine = draftsman.load(config.target, draft=model_draft, dtype=config.dtype,
                                     threads=config.threads, backend=config.backend)
