@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import DecoderLM
 from draftsman.sampling import Sampler
+from draftsman.state import ModelState
 from draftsman.strategies.base import Strategy, check_fits
 from draftsman.verification.prompt_tree import TreeDecoder
 from draftsman.verification.tree import TypicalAcceptance
@@ -47,8 +48,8 @@ class ParallelPrompt(Strategy):
         check_fits(model, len(prompt_ids), config)
         dec = self.decoder
         m, n = dec.prompts.count, dec.prompts.epts
-        capacity = len(prompt_ids) + config.max_new_tokens + max(dec.max_rows, m * n) + 2
-        cache = model.new_cache(capacity)
+        state = ModelState(model, len(prompt_ids) + config.max_new_tokens,
+                           extra_rows=max(dec.max_rows, m * n) + 2)  # tree + prompt rows
         sampler = Sampler(config.sampling)
         budget = Budget(config)
         timer = Timer()
@@ -58,7 +59,8 @@ class ParallelPrompt(Strategy):
             extra.update(acceptance="typical", threshold=self.typical.threshold,
                          typical_alpha=self.typical.alpha, lossy=True)
         with timer("verify"):  # prefill: prompt + m prompt tokens -> first token + guesses
-            res = dec.step(cache, list(prompt_ids), None, sampler, self.typical)
+            res = dec.step(state.cache, list(prompt_ids), None, sampler, self.typical)
+            state.record(list(prompt_ids))
         tokens = budget.clip([res.next_token])
         yield Step(tokens, ["target"], target_forwards=1, prefill=True,
                    verify_seconds=timer.take()["verify"], finish=budget.finish,
@@ -66,7 +68,8 @@ class ParallelPrompt(Strategy):
         root, guesses = res.next_token, res.guesses
         while not budget.done:
             with timer("verify"):
-                res = dec.step(cache, [root], guesses, sampler, self.typical)
+                res = dec.step(state.cache, [root], guesses, sampler, self.typical)
+                state.record([root] + res.accepted)
             new = budget.clip(res.accepted + [res.next_token])
             kept = min(len(res.accepted), len(new))
             yield Step(
