@@ -34,6 +34,7 @@ from draftsman.models.prompt_tokens import PromptTokens, find_prompt_tokens
 from draftsman.profiling import load_profile, measure_latency, profile_path, save_profile
 from draftsman.proposers.prompt_tokens import PromptTokenDraftProposer
 from draftsman.sampling import Sampler
+from draftsman.state import ModelState
 from draftsman.strategies.base import Strategy, check_fits
 from draftsman.strategies.gamma import make_policy
 from draftsman.strategies.options import MethodOptions, option
@@ -62,8 +63,8 @@ class ParallelPrompt(Strategy):
         check_fits(model, len(prompt_ids), config)
         dec = self.decoder
         m, n = dec.prompts.count, dec.prompts.epts
-        capacity = len(prompt_ids) + config.max_new_tokens + max(dec.max_rows, m * n) + 2
-        cache = model.new_cache(capacity)
+        state = ModelState(model, len(prompt_ids) + config.max_new_tokens,
+                           extra_rows=max(dec.max_rows, m * n) + 2)  # tree + prompt rows
         sampler = Sampler(config.sampling)
         budget = Budget(config)
         timer = Timer()
@@ -73,7 +74,8 @@ class ParallelPrompt(Strategy):
             extra.update(acceptance="typical", threshold=self.typical.threshold,
                          typical_alpha=self.typical.alpha, lossy=True)
         with timer("verify"):  # prefill: prompt + m prompt tokens -> first token + guesses
-            res = dec.step(cache, list(prompt_ids), None, sampler, self.typical)
+            res = dec.step(state.cache, list(prompt_ids), None, sampler, self.typical)
+            state.record(list(prompt_ids))
         tokens = budget.clip([res.next_token])
         yield Step(tokens, ["target"], target_forwards=1, prefill=True,
                    verify_seconds=timer.take()["verify"], finish=budget.finish,
@@ -81,7 +83,8 @@ class ParallelPrompt(Strategy):
         root, guesses = res.next_token, res.guesses
         while not budget.done:
             with timer("verify"):
-                res = dec.step(cache, [root], guesses, sampler, self.typical)
+                res = dec.step(state.cache, [root], guesses, sampler, self.typical)
+                state.record([root] + res.accepted)
             new = budget.clip(res.accepted + [res.next_token])
             kept = min(len(res.accepted), len(new))
             yield Step(
