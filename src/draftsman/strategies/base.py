@@ -16,7 +16,6 @@ import torch
 from draftsman.core import GenerationConfig, Step
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
 from draftsman.models.base import DecoderLM
-from draftsman.models.cache import KVCache
 
 
 def check_fits(model: DecoderLM, prompt_len: int, config: GenerationConfig) -> None:
@@ -28,13 +27,6 @@ def check_fits(model: DecoderLM, prompt_len: int, config: GenerationConfig) -> N
             f"prompt of {prompt_len} tokens + max-new-tokens {config.max_new_tokens} "
             f"exceeds the model's context of {context} tokens"
         )
-
-
-def new_cache(model: DecoderLM, prompt_len: int, config: GenerationConfig,
-              lookahead: int = 0) -> KVCache:
-    """A cache for one request: prompt + budget + the strategy's speculative lookahead."""
-    check_fits(model, prompt_len, config)
-    return model.new_cache(prompt_len + config.max_new_tokens + lookahead + 1)
 
 
 def as_batch(tokens: list[int]) -> torch.Tensor:
