@@ -10,19 +10,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from draftsman.cli.common import add_group
 from draftsman.errors import InvalidArgumentError
 
 _DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "models",
+    verbs = add_group(
+        subparsers, "models", "VERB",
         help="manage model weights (catalogue, pull, verify, convert)",
-        description="Manage the model store ($DRAFTSMAN_HOME, default ~/.cache/draftsman).",
-    )
-    verbs = parser.add_subparsers(dest="models_command", metavar="VERB")
-    parser.set_defaults(func=lambda args: _help(parser))
+        description="Manage the model store ($DRAFTSMAN_HOME, default ~/.cache/draftsman).")
 
     p = verbs.add_parser("list", help="catalogue models, their size and whether pulled")
     p.set_defaults(func=cmd_list)
@@ -53,11 +51,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("out", type=Path, metavar="OUT_DIR", help="must not exist yet")
     p.add_argument("--dtype", choices=_DTYPE_CHOICES, default="bfloat16")
     p.set_defaults(func=cmd_convert)
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
 
 
 def cmd_list(args: argparse.Namespace) -> int:

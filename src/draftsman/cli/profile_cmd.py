@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from draftsman.cli.common import positive_ints
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
 
@@ -21,14 +22,7 @@ DEFAULT_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 def parse_lengths(text: str) -> list[int]:
-    try:
-        out = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise InvalidArgumentError(
-            f"--lengths wants integers separated by commas: {text!r}") from None
-    if not out or out[0] < 1:
-        raise InvalidArgumentError("--lengths must be positive integers")
-    return out
+    return sorted(set(positive_ints(text, "lengths")))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
