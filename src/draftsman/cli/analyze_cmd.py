@@ -21,15 +21,19 @@ from typing import Any
 
 import torch
 
+from draftsman.analysis import match_rate as mr
+from draftsman.analysis.match_rate import PAPER_FRACTIONS, TASK_LABELS, TASKS, encode
+from draftsman.bench.datasets import load_dataset
 from draftsman.bench.study_report import write_html
 from draftsman.cli.common import add_group, csv_items, positive_ints
+from draftsman.engine import DEFAULT_TARGET, load, load_bundle
 from draftsman.errors import InvalidArgumentError
+from draftsman.models.exit_heads import layer_from_fraction
+from draftsman.strategies.pipelined import close_pools
+from draftsman.theory import pipelined as pt
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from draftsman.analysis.match_rate import PAPER_FRACTIONS, TASKS
-    from draftsman.engine import DEFAULT_TARGET
-
     sub = add_group(
         subparsers, "analyze", "WHAT",
         help="measure guess quality (match rates) and pipelined latency",
@@ -116,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_parallel_prompt(args: argparse.Namespace) -> int:
-    from draftsman.analysis import prompt_decoding_run as pdr
+    from draftsman.analysis import prompt_decoding_run as pdr  # matplotlib: load on use
 
     settings = pdr.settings_from(args)
     pdr.check(settings)
@@ -131,10 +135,6 @@ def run_parallel_prompt(args: argparse.Namespace) -> int:
 
 
 def run_match_rate(args: argparse.Namespace) -> int:
-    from draftsman.analysis import match_rate as mr
-    from draftsman.engine import DEFAULT_TARGET, load_bundle
-    from draftsman.models.exit_heads import layer_from_fraction
-
     if args.threads < 1:
         raise InvalidArgumentError("--threads must be >= 1")
     torch.set_num_threads(args.threads)
@@ -202,9 +202,6 @@ def run_match_rate(args: argparse.Namespace) -> int:
 def match_rate_report(gens: list, name: str, layers: list[int], depth: int, ks: list[int],
                       cfg: Any, out: Path, plots: bool = True) -> str:
     """Markdown: Table 2, Table 5, Tables 6-8, and the replayed timeline vs Theorem 4.1."""
-    from draftsman.analysis import match_rate as mr
-    from draftsman.theory import pipelined as pt
-
     half = depth // 2
     greedy = [g for g in gens if g.mode == "greedy"]
     n_tok = {t: sum(len(g.tokens) for g in greedy if g.task == t) for t in mr.TASKS}
@@ -291,11 +288,6 @@ def _timed(engine: Any, prompt_ids: list[int], method: str, options: dict[str, A
 
 
 def run_latency(args: argparse.Namespace) -> int:
-    from draftsman.analysis.match_rate import TASK_LABELS, TASKS, encode
-    from draftsman.bench.datasets import load_dataset
-    from draftsman.engine import load
-    from draftsman.strategies.pipelined import close_pools
-
     engine = load(args.model, dtype=args.dtype)
     tasks = csv_items(args.tasks)
     configs: list[tuple[str, str, dict[str, Any], int | None]] = [

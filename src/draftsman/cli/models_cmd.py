@@ -12,6 +12,12 @@ from pathlib import Path
 
 from draftsman.cli.common import add_group
 from draftsman.errors import InvalidArgumentError
+from draftsman.store.catalogue import CATALOGUE, get_entry
+from draftsman.store.home import draftsman_home
+from draftsman.store.integrity import sha256_file
+from draftsman.store.pull import install_converted, pull_model, remove_model
+from draftsman.store.resolve import resolve_gguf, resolve_model
+from draftsman.store.status import model_status, verify_model
 
 _DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 
@@ -54,10 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from draftsman.store.catalogue import CATALOGUE
-    from draftsman.store.home import draftsman_home
-    from draftsman.store.status import model_status
-
     rows = [("NAME", "SIZE", "ROLE", "STATUS", "DESCRIPTION")]
     for entry in CATALOGUE.values():
         status = model_status(entry.name)
@@ -72,9 +74,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from draftsman.store.catalogue import CATALOGUE, get_entry
-    from draftsman.store.pull import pull_model
-
     names = list(CATALOGUE) if args.names == ["all"] else args.names
     for name in names:
         get_entry(name)  # fail on a typo before downloading anything
@@ -87,8 +86,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from draftsman.store.status import verify_model
-
     problems = verify_model(args.name, progress=True)
     if problems:
         for line in problems:
@@ -101,8 +98,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_path(args: argparse.Namespace) -> int:
-    from draftsman.store.resolve import resolve_gguf, resolve_model
-
     path = resolve_gguf(args.name, pull=False) if args.gguf else resolve_model(args.name,
                                                                                  pull=False)
     print(path)
@@ -110,8 +105,6 @@ def cmd_path(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    from draftsman.store.pull import remove_model
-
     if remove_model(args.name):
         print(f"removed {args.name}", file=sys.stderr)
     else:
@@ -120,9 +113,6 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from draftsman.store.integrity import sha256_file
-    from draftsman.store.pull import install_converted
-
     if not args.gguf.is_file():
         raise InvalidArgumentError(f"{args.gguf}: no such file")
     if args.out.exists():

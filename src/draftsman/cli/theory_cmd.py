@@ -11,8 +11,11 @@ import argparse
 import json
 from pathlib import Path
 
+from draftsman.analysis.match_rate import TASK_LABELS
 from draftsman.cli.common import add_group, float_list
 from draftsman.errors import InvalidArgumentError
+from draftsman.theory import pipelined as pt
+from draftsman.theory import speculative as theory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,8 +55,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_speculative(args: argparse.Namespace) -> int:
-    from draftsman.theory import speculative as theory
-
     gammas = [int(g) for g in float_list(args.gamma, "gamma")]
     rows = []
     for a in float_list(args.alpha, "alpha"):
@@ -80,8 +81,6 @@ def run_speculative(args: argparse.Namespace) -> int:
 
 
 def run_pipelined(args: argparse.Namespace) -> int:
-    from draftsman.theory import pipelined as pt
-
     d = args.d
     d_bar = d // 2 if args.d_bar is None else args.d_bar
     pt.check(d, d_bar)
@@ -132,9 +131,6 @@ def run_pipelined(args: argparse.Namespace) -> int:
 
 def plot_from_match_rate(source: Path, plot: Path | None) -> list[Path]:
     """Figures 3-4 from a match_rate.json (p̂ at d̄ = d/2, every task, N and Y)."""
-    from draftsman.analysis.match_rate import TASK_LABELS
-    from draftsman.theory import pipelined as pt
-
     data = json.loads(Path(source).read_text())
     depth = data["depth"]
     half = str(depth // 2)
