@@ -23,23 +23,19 @@ class IntegrityError(DraftsmanError):
 
 
 class ContextOverflowError(DraftsmanError):
-    status = 400
+    """A prompt (plus the tokens asked for) does not fit in the model's context."""
 
 
 class InvalidArgumentError(DraftsmanError):
-    status = 400
+    """An option, flag or request field has a value the method cannot take."""
 
 
 class IncompatibleModelsError(DraftsmanError):
     """Draft and target cannot work together (e.g. different vocabularies)."""
 
-    status = 400
-
 
 class UnsupportedError(DraftsmanError):
     """A strategy needs a feature the chosen backend does not have."""
-
-    status = 400
 
 
 class OfflineError(DraftsmanError):

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from draftsman.bench.datasets import load_dataset
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import LAST, DecoderLM
 from draftsman.models.exit_heads import ExitTranslator, find_exit_head, load_translator
@@ -216,8 +217,6 @@ def collect(model: DecoderLM, tokenizer: Any, name: str, heads: ProbeHeads, cfg:
             progress: Callable[[str], None] | None = None) -> list[Generation]:
     """Run every (mode, task, prompt) not in `done`; `emit` sees each Generation at once
     (so a caller can append it to a file and resume later)."""
-    from draftsman.bench.datasets import load_dataset
-
     for task in cfg.tasks:
         if task not in TASKS:
             raise InvalidArgumentError(f"unknown task {task!r}; choose {', '.join(TASKS)}")

@@ -23,7 +23,14 @@ import torch
 from matplotlib.figure import Figure
 
 from draftsman.analysis import prompt_decoding as pd
-from draftsman.bench.spec import MethodConfig
+from draftsman.bench.datasets import load_dataset
+from draftsman.bench.spec import MethodConfig, parse_methods
+from draftsman.bench.study_report import write_html
+from draftsman.engine import load
+from draftsman.errors import InvalidArgumentError
+from draftsman.profiling import interpolate, measure_latency
+from draftsman.strategies.parallel_prompt import resolve_prompt_tokens, select_trees
+from draftsman.trees.sparse import KINDS
 
 AR = "autoregressive"
 DPI = 110
@@ -81,11 +88,6 @@ def configs(s: RunSettings) -> list[tuple[str, str, dict[str, Any]]]:
 
 def run(s: RunSettings, out: Path, say=lambda msg: print(msg, file=sys.stderr, flush=True)
         ) -> dict[str, Any]:
-    from draftsman.bench.datasets import load_dataset
-    from draftsman.engine import load
-    from draftsman.profiling import measure_latency
-    from draftsman.strategies.parallel_prompt import resolve_prompt_tokens, select_trees
-
     out.mkdir(parents=True, exist_ok=True)
     engine = load(s.target, dtype=s.dtype, threads=s.threads)
     target = engine.target
@@ -167,8 +169,6 @@ def _speedups(result: dict[str, Any], dataset: str
 
 
 def _predicted_speedup(result: dict[str, Any], tau: float, n: int) -> float:
-    from draftsman.profiling import interpolate
-
     lat = {int(k): v for k, v in result["latency"].items()}
     return tau * interpolate(lat, 1) / interpolate(lat, n)
 
@@ -333,8 +333,6 @@ def make_plots(result: dict[str, Any], out: Path) -> list[Path]:
 
 
 def write(result: dict[str, Any], out: Path, command: str = "") -> Path:
-    from draftsman.bench.study_report import write_html
-
     text = render(result, out, command)
     (out / "prompt_decoding.md").write_text(text)
     write_html(out / "report.html", text, out)
@@ -342,8 +340,6 @@ def write(result: dict[str, Any], out: Path, command: str = "") -> Path:
 
 
 def settings_from(args: Any) -> RunSettings:
-    from draftsman.bench.spec import parse_methods
-
     def ints(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in str(text).split(",") if x.strip())
 
@@ -358,9 +354,6 @@ def settings_from(args: Any) -> RunSettings:
 
 
 def check(s: RunSettings) -> None:
-    from draftsman.errors import InvalidArgumentError
-    from draftsman.trees.sparse import KINDS
-
     if s.limit < 1 or s.max_new_tokens < 2 or s.threads < 1:
         raise InvalidArgumentError("--limit and --threads must be >= 1, --max-new-tokens >= 2")
     if not s.sizes or min(s.sizes) < 1 or (s.time_sizes and min(s.time_sizes) < 1):

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftsman.backends.llama_cpp import has_amx, install_dir, llama, model_params
 from draftsman.bench.contestants import Contestant, Outcome, Sampling, clip_new_tokens
 from draftsman.errors import BackendError, InvalidArgumentError
 
@@ -43,8 +44,6 @@ def _check_greedy(sampling: Sampling) -> None:
 
 class LlamaCppPlainPeer(Contestant):
     def __init__(self, gguf: Path, threads: int, eos: frozenset[int]) -> None:
-        from draftsman.backends.llama_cpp import llama, model_params
-
         super().__init__(label=label("plain"), method="llama.cpp-plain", kind="peer",
                          exactness="reference", options={})
         self.lib = lib = llama()
@@ -105,8 +104,6 @@ class LlamaCppSpeculativePeer(Contestant):
         self.acceptance: list[float] = []
 
     def run(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Outcome:
-        from draftsman.backends.llama_cpp import has_amx
-
         _check_greedy(sampling)
         prompt = self.tokenizer.backend.decode(prompt_ids, skip_special_tokens=False)
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
@@ -146,8 +143,6 @@ class LlamaCppSpeculativePeer(Contestant):
 
 def ensure_binary(name: str) -> Path:
     """llama.cpp's example program `name`, built by scripts/build_llama_cpp.sh if missing."""
-    from draftsman.backends.llama_cpp import install_dir
-
     path = install_dir() / "bin" / name
     if path.is_file():
         return path

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from draftsman.bench import peer_llama_cpp
 from draftsman.bench.contestants import Contestant, Outcome, Sampling, clip_new_tokens
 from draftsman.errors import InvalidArgumentError
 
@@ -29,8 +30,6 @@ PROMPT_LOOKUP_TOKENS = 10
 def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
     """(peer, variant) pairs. `hf` -> every hf variant, `hf:plain,assisted` -> those;
     `llama.cpp` -> its plain and speculative decoding; `;` or repeated specs are merged."""
-    from draftsman.bench import peer_llama_cpp
-
     known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
     out: list[tuple[str, str]] = []
     for spec in specs or []:

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from draftsman.models.base import LAST
+
 BleuStats = list[float]  # 4 correct counts, 4 totals, hypothesis length, reference length
 
 
@@ -79,8 +81,6 @@ class Margin:
 
 def logit_margin(model: Any, ids: list[int]) -> Margin:
     """The target's top-2 logit margin for the token after `ids` (one untimed forward)."""
-    from draftsman.models.base import LAST
-
     cache = model.new_cache(len(ids) + 1)
     tokens = torch.tensor([ids], dtype=torch.long)
     positions = torch.arange(len(ids), dtype=torch.long)[None]

@@ -18,10 +18,14 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import draftsman
 from draftsman.errors import InvalidArgumentError
 from draftsman.hardware import cpu_flags, cpu_model
 
@@ -80,8 +84,6 @@ RUN_LOG = "run.json"
 
 def record_invocation(folder: Path, config: dict[str, Any]) -> None:
     """Keep every invocation's configuration (first run and resumes) in run.json."""
-    import time
-
     path = Path(folder) / RUN_LOG
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -162,8 +164,6 @@ def cpu_isa() -> str:
 
 
 def machine() -> dict[str, Any]:
-    import torch
-
     return {"cpu": cpu_model(), "isa": cpu_isa(), "cores": os.cpu_count(),
             "torch": torch.__version__}
 
@@ -185,10 +185,7 @@ def git_commit() -> str | None:
 
 
 def environment(dtype: str) -> dict[str, Any]:
-    import torch
     import transformers
-
-    import draftsman
 
     return {
         **machine(),

@@ -21,33 +21,23 @@ from typing import Any
 
 import torch
 
+from draftsman.analysis import match_rate as mr
+from draftsman.analysis.match_rate import PAPER_FRACTIONS, TASK_LABELS, TASKS, encode
+from draftsman.bench.datasets import load_dataset
 from draftsman.bench.study_report import write_html
+from draftsman.cli.common import add_group, csv_items, positive_ints
+from draftsman.engine import DEFAULT_TARGET, load, load_bundle
 from draftsman.errors import InvalidArgumentError
-
-
-def _csv(text: str) -> list[str]:
-    return [x.strip() for x in str(text).split(",") if x.strip()]
-
-
-def _ints(text: str, name: str) -> list[int]:
-    try:
-        out = [int(x) for x in _csv(text)]
-    except ValueError:
-        raise InvalidArgumentError(f"--{name} wants integers separated by commas") from None
-    if not out or min(out) < 1:
-        raise InvalidArgumentError(f"--{name} must be positive integers")
-    return out
+from draftsman.models.exit_heads import layer_from_fraction
+from draftsman.strategies.pipelined import close_pools
+from draftsman.theory import pipelined as pt
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from draftsman.analysis.match_rate import PAPER_FRACTIONS, TASKS
-    from draftsman.engine import DEFAULT_TARGET
-
-    parser = subparsers.add_parser(
-        "analyze", help="measure guess quality (match rates) and pipelined latency",
+    sub = add_group(
+        subparsers, "analyze", "WHAT",
+        help="measure guess quality (match rates) and pipelined latency",
         description="Analyses that explain a method's speed: how often guesses are right.")
-    sub = parser.add_subparsers(dest="analyze_command", metavar="WHAT")
-    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
     p = sub.add_parser(
         "match-rate", help="p̂_correct of early top-k predictions (pipelined decoding)",
@@ -130,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_parallel_prompt(args: argparse.Namespace) -> int:
-    from draftsman.analysis import prompt_decoding_run as pdr
+    from draftsman.analysis import prompt_decoding_run as pdr  # matplotlib: load on use
 
     settings = pdr.settings_from(args)
     pdr.check(settings)
@@ -145,27 +135,23 @@ def run_parallel_prompt(args: argparse.Namespace) -> int:
 
 
 def run_match_rate(args: argparse.Namespace) -> int:
-    from draftsman.analysis import match_rate as mr
-    from draftsman.engine import DEFAULT_TARGET, load_bundle
-    from draftsman.models.exit_heads import layer_from_fraction
-
     if args.threads < 1:
         raise InvalidArgumentError("--threads must be >= 1")
     torch.set_num_threads(args.threads)
-    models = [m for spec in (args.models or [DEFAULT_TARGET]) for m in _csv(spec)]
-    ks = _ints(args.k, "k")
-    modes = _csv(args.sampling)
+    models = [m for spec in (args.models or [DEFAULT_TARGET]) for m in csv_items(spec)]
+    ks = positive_ints(args.k, "k")
+    modes = csv_items(args.sampling)
     for m in modes:
         if m not in mr.SAMPLING_MODES:
             raise InvalidArgumentError(f"unknown sampling mode {m!r}; choose "
                                        f"{', '.join(mr.SAMPLING_MODES)}")
-    tasks = tuple(_csv(args.tasks))
+    tasks = tuple(csv_items(args.tasks))
     lengths = tuple((t, args.max_new_tokens) for t in tasks) if args.max_new_tokens else ()
     for name in models:
         bundle = load_bundle(name, args.dtype)
         model = bundle.model
         depth = model.config.num_layers
-        layers = sorted({layer_from_fraction(depth, x) for x in _csv(args.layers)})
+        layers = sorted({layer_from_fraction(depth, x) for x in csv_items(args.layers)})
         half = depth // 2
         if half not in layers:
             layers = sorted({*layers, half})
@@ -216,9 +202,6 @@ def run_match_rate(args: argparse.Namespace) -> int:
 def match_rate_report(gens: list, name: str, layers: list[int], depth: int, ks: list[int],
                       cfg: Any, out: Path, plots: bool = True) -> str:
     """Markdown: Table 2, Table 5, Tables 6-8, and the replayed timeline vs Theorem 4.1."""
-    from draftsman.analysis import match_rate as mr
-    from draftsman.theory import pipelined as pt
-
     half = depth // 2
     greedy = [g for g in gens if g.mode == "greedy"]
     n_tok = {t: sum(len(g.tokens) for g in greedy if g.task == t) for t in mr.TASKS}
@@ -305,17 +288,12 @@ def _timed(engine: Any, prompt_ids: list[int], method: str, options: dict[str, A
 
 
 def run_latency(args: argparse.Namespace) -> int:
-    from draftsman.analysis.match_rate import TASK_LABELS, TASKS, encode
-    from draftsman.bench.datasets import load_dataset
-    from draftsman.engine import load
-    from draftsman.strategies.pipelined import close_pools
-
     engine = load(args.model, dtype=args.dtype)
-    tasks = _csv(args.tasks)
+    tasks = csv_items(args.tasks)
     configs: list[tuple[str, str, dict[str, Any], int | None]] = [
         ("greedy, 1 thread", "autoregressive", {}, 1),
         ("greedy, 2 threads", "autoregressive", {}, 2)]
-    for k in _ints(args.k, "k"):
+    for k in positive_ints(args.k, "k"):
         opts: dict[str, Any] = {"k": k, "threads": 1, "main_threads": 1,
                                 "exit_head": args.exit_head}
         if args.exit_layer is not None:

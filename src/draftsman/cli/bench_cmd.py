@@ -8,6 +8,11 @@ import signal
 import sys
 import time
 
+from draftsman.bench.metrics import summarise
+from draftsman.bench.presets import PRESETS
+from draftsman.bench.results import ResultsFile
+from draftsman.bench.runner import BenchConfig, run_bench
+from draftsman.bench.tables import table_md
 from draftsman.cli.generate_cmd import add_model_args, add_sampling_args
 from draftsman.errors import InvalidArgumentError
 
@@ -16,8 +21,6 @@ DEFAULTS = dict(methods=["speculative"], datasets=["humaneval"], limit=5, max_ne
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from draftsman.bench.presets import PRESETS
-
     p = subparsers.add_parser(
         "bench", help="benchmark decoding methods side by side",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -68,9 +71,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from draftsman.bench.presets import PRESETS
-    from draftsman.bench.runner import BenchConfig
-
     preset = PRESETS[args.preset] if args.preset else None
     values = dict(DEFAULTS)
     if preset:
@@ -99,10 +99,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsman.bench.report import compare, speed_table, write_report
-    from draftsman.bench.results import ResultsFile
-    from draftsman.bench.runner import run_bench
-    from draftsman.bench.tables import table_md
+    from draftsman.bench.report import compare, speed_table, write_report  # matplotlib
 
     if args.compare:
         print(compare(*args.compare))
@@ -121,7 +118,6 @@ def run(args: argparse.Namespace) -> int:
         rows, paths = result.rows, result.paths
         for line in result.skipped:
             print(f"bench: skipped {line}", file=sys.stderr)
-    from draftsman.bench.metrics import summarise
 
     print(table_md(speed_table(summarise(rows))))
     print(f"summary: {paths['summary']}")

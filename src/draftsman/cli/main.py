@@ -7,9 +7,9 @@ Each module in `draftsman.cli` exposes `register(subparsers)`, which adds its pa
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
+from draftsman.cli.common import register_modules
 from draftsman.errors import DraftsmanError
 
 COMMAND_MODULES = (
@@ -33,14 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # command not built yet
-        module.register(subparsers)
+    register_modules(COMMAND_MODULES, subparsers)
     return parser
 
 

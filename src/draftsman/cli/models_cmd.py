@@ -10,19 +10,23 @@ import argparse
 import sys
 from pathlib import Path
 
+from draftsman.cli.common import add_group
 from draftsman.errors import InvalidArgumentError
+from draftsman.store.catalogue import CATALOGUE, get_entry
+from draftsman.store.home import draftsman_home
+from draftsman.store.integrity import sha256_file
+from draftsman.store.pull import install_converted, pull_model, remove_model
+from draftsman.store.resolve import resolve_gguf, resolve_model
+from draftsman.store.status import model_status, verify_model
 
 _DTYPE_CHOICES = ("bfloat16", "float16", "float32")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "models",
+    verbs = add_group(
+        subparsers, "models", "VERB",
         help="manage model weights (catalogue, pull, verify, convert)",
-        description="Manage the model store ($DRAFTSMAN_HOME, default ~/.cache/draftsman).",
-    )
-    verbs = parser.add_subparsers(dest="models_command", metavar="VERB")
-    parser.set_defaults(func=lambda args: _help(parser))
+        description="Manage the model store ($DRAFTSMAN_HOME, default ~/.cache/draftsman).")
 
     p = verbs.add_parser("list", help="catalogue models, their size and whether pulled")
     p.set_defaults(func=cmd_list)
@@ -55,16 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_convert)
 
 
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
-
-
 def cmd_list(args: argparse.Namespace) -> int:
-    from draftsman.store.catalogue import CATALOGUE
-    from draftsman.store.home import draftsman_home
-    from draftsman.store.status import model_status
-
     rows = [("NAME", "SIZE", "ROLE", "STATUS", "DESCRIPTION")]
     for entry in CATALOGUE.values():
         status = model_status(entry.name)
@@ -79,9 +74,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from draftsman.store.catalogue import CATALOGUE, get_entry
-    from draftsman.store.pull import pull_model
-
     names = list(CATALOGUE) if args.names == ["all"] else args.names
     for name in names:
         get_entry(name)  # fail on a typo before downloading anything
@@ -94,8 +86,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from draftsman.store.status import verify_model
-
     problems = verify_model(args.name, progress=True)
     if problems:
         for line in problems:
@@ -108,8 +98,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_path(args: argparse.Namespace) -> int:
-    from draftsman.store.resolve import resolve_gguf, resolve_model
-
     path = resolve_gguf(args.name, pull=False) if args.gguf else resolve_model(args.name,
                                                                                  pull=False)
     print(path)
@@ -117,8 +105,6 @@ def cmd_path(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    from draftsman.store.pull import remove_model
-
     if remove_model(args.name):
         print(f"removed {args.name}", file=sys.stderr)
     else:
@@ -127,9 +113,6 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from draftsman.store.integrity import sha256_file
-    from draftsman.store.pull import install_converted
-
     if not args.gguf.is_file():
         raise InvalidArgumentError(f"{args.gguf}: no such file")
     if args.out.exists():

@@ -14,21 +14,18 @@ import sys
 
 import torch
 
-from draftsman.engine import DEFAULT_TARGET
+from draftsman.cli.common import positive_ints
+from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
+from draftsman.models.prompt_tokens import PromptTokens
+from draftsman.profiling import measure_latency, profile_path, save_profile
+from draftsman.trees.sparse import predicted_speedups
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 def parse_lengths(text: str) -> list[int]:
-    try:
-        out = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise InvalidArgumentError(
-            f"--lengths wants integers separated by commas: {text!r}") from None
-    if not out or out[0] < 1:
-        raise InvalidArgumentError("--lengths must be positive integers")
-    return out
+    return sorted(set(positive_ints(text, "lengths")))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,9 +48,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsman.engine import load_bundle
-    from draftsman.profiling import measure_latency, profile_path, save_profile
-
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidArgumentError("--threads must be >= 1")
@@ -85,8 +79,6 @@ def _predicted(folder: str | None, latency: dict[int, float]) -> dict[int, tuple
     """tree rows -> (τ(n), predicted speedup) from the prompt tokens' cached trees."""
     if not folder:
         return {}
-    from draftsman.models.prompt_tokens import PromptTokens
-    from draftsman.trees.sparse import predicted_speedups
 
     table = PromptTokens.load(folder).trees()
     if not table:

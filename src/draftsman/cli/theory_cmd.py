@@ -11,22 +11,18 @@ import argparse
 import json
 from pathlib import Path
 
+from draftsman.analysis.match_rate import TASK_LABELS
+from draftsman.cli.common import add_group, float_list
 from draftsman.errors import InvalidArgumentError
-
-
-def _floats(text: str, name: str) -> list[float]:
-    try:
-        return [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise InvalidArgumentError(f"--{name} wants numbers separated by commas") from None
+from draftsman.theory import pipelined as pt
+from draftsman.theory import speculative as theory
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "theory", help="analytic speedup models (speculative, pipelined)",
+    sub = add_group(
+        subparsers, "theory", "METHOD",
+        help="analytic speedup models (speculative, pipelined)",
         description="Expected speedups and costs from the papers' analyses.")
-    sub = parser.add_subparsers(dest="theory_command", metavar="METHOD")
-    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
     s = sub.add_parser("speculative", help="tokens per step, speedup and optimal γ",
                        description="Leviathan et al., eq. 1, Theorem 3.8, Corollary 3.9.")
@@ -59,11 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_speculative(args: argparse.Namespace) -> int:
-    from draftsman.theory import speculative as theory
-
-    gammas = [int(g) for g in _floats(args.gamma, "gamma")]
+    gammas = [int(g) for g in float_list(args.gamma, "gamma")]
     rows = []
-    for a in _floats(args.alpha, "alpha"):
+    for a in float_list(args.alpha, "alpha"):
         if not 0 <= a <= 1:
             raise InvalidArgumentError(f"alpha must be in [0, 1], got {a}")
         for g in gammas:
@@ -87,18 +81,16 @@ def run_speculative(args: argparse.Namespace) -> int:
 
 
 def run_pipelined(args: argparse.Namespace) -> int:
-    from draftsman.theory import pipelined as pt
-
     d = args.d
     d_bar = d // 2 if args.d_bar is None else args.d_bar
     pt.check(d, d_bar)
     ell = args.length
     if ell < 1:
         raise InvalidArgumentError("--length must be >= 1")
-    ks = [int(k) for k in _floats(args.k, "k")]
+    ks = [int(k) for k in float_list(args.k, "k")]
     frac = d_bar / d
     rows = []
-    for p in _floats(args.p, "p"):
+    for p in float_list(args.p, "p"):
         if not 0 <= p <= 1:
             raise InvalidArgumentError(f"p must be in [0, 1], got {p}")
         for k in ks:
@@ -139,9 +131,6 @@ def run_pipelined(args: argparse.Namespace) -> int:
 
 def plot_from_match_rate(source: Path, plot: Path | None) -> list[Path]:
     """Figures 3-4 from a match_rate.json (p̂ at d̄ = d/2, every task, N and Y)."""
-    from draftsman.analysis.match_rate import TASK_LABELS
-    from draftsman.theory import pipelined as pt
-
     data = json.loads(Path(source).read_text())
     depth = data["depth"]
     half = str(depth // 2)

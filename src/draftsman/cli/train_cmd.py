@@ -8,7 +8,8 @@ A module that does not exist yet is skipped, so sub-commands can land independen
 from __future__ import annotations
 
 import argparse
-import importlib
+
+from draftsman.cli.common import add_group, register_modules
 
 TRAIN_MODULES = (
     "draftsman.training.align",  # train align: BiLD prediction alignment of a small model
@@ -18,21 +19,8 @@ TRAIN_MODULES = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "train", help="train small learned pieces (aligned drafts, exit heads, prompt tokens)",
+    train_subparsers = add_group(
+        subparsers, "train", "WHAT",
+        help="train small learned pieces (aligned drafts, exit heads, prompt tokens)",
         description="Training commands. Each is resumable and CPU-feasible at small scale.")
-    train_subparsers = parser.add_subparsers(dest="train_command", metavar="WHAT")
-    parser.set_defaults(func=lambda args: _help(parser))
-    for name in TRAIN_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue  # not built yet
-        module.register(train_subparsers)
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+    register_modules(TRAIN_MODULES, train_subparsers)

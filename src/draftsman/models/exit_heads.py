@@ -44,6 +44,7 @@ from torch import nn
 
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import DecoderLM
+from draftsman.store.home import draftsman_home
 
 KINDS = ("lowrank", "affine", "head")
 EXIT_HEADS_DIR = "exit_heads"
@@ -199,8 +200,6 @@ def load_translator(path: Path, model: DecoderLM | None = None) -> ExitTranslato
 
 
 def _home_dir(folder: Path) -> Path:
-    from draftsman.store.home import draftsman_home
-
     return draftsman_home() / EXIT_HEADS_DIR / folder.resolve().name
 
 

@@ -233,7 +233,7 @@ def install_converted(
     The caller holds the lock for `dest` and has verified that `gguf` hashes to
     `source_sha256`.
     """
-    from draftsman.store.convert import DTYPES, convert_gguf
+    from draftsman.store.convert import DTYPES, convert_gguf  # torch: the store loads light
 
     if dtype not in DTYPES:
         raise DraftsmanError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")

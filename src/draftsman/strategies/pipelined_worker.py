@@ -67,6 +67,7 @@ from torch import nn
 from draftsman.errors import DraftsmanError
 from draftsman.models.base import DecoderLM
 from draftsman.models.cache import KVCache
+from draftsman.models.exit_heads import EarlyPredictor
 
 
 class PipelinedWorkerError(DraftsmanError):
@@ -106,7 +107,6 @@ def worker_main(conn: Connection, model: DecoderLM, spec: WorkerSpec) -> None:
     torch.set_num_threads(spec.threads)
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
-    from draftsman.models.exit_heads import EarlyPredictor
 
     predictor = EarlyPredictor(model, spec.exit_layer, None)
     shallow = range(0, model.config.num_layers - spec.exit_layer)

@@ -40,7 +40,11 @@ from typing import Any
 
 import torch
 
+from draftsman.bench.datasets import load_dataset
+from draftsman.core import GenerationConfig
+from draftsman.engine import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from draftsman.errors import InvalidArgumentError
+from draftsman.store.resolve import resolve_model
 from draftsman.training.finetune import (
     CHECKPOINT,
     LOG,
@@ -110,8 +114,6 @@ def chat_prompts(tokenizer: Any, dataset: str, count: int, max_prompt_tokens: in
                  chat: bool = True) -> list[tuple[str, list[int]]]:
     """The first `count` prompts of `dataset` that fit in `max_prompt_tokens`, tokenised
     with the chat template (when the tokenizer has one and `chat`)."""
-    from draftsman.bench.datasets import load_dataset
-
     out: list[tuple[str, list[int]]] = []
     for prompt in load_dataset(dataset):
         if not prompt.text.strip():
@@ -159,16 +161,13 @@ def calibrate(cfg: AlignConfig, work: Path, progress: bool, say: Callable[[str],
               deadline: float | None = None) -> list[Example]:
     """Step 1: the large model's greedy replies, cached in <work>/calibration.jsonl (made
     again when the settings changed). The large model is freed on return."""
-    import draftsman
-    from draftsman.core import GenerationConfig
-
     meta = calibration_meta(cfg)
     meta_path = work / CALIBRATION_META
     if meta_path.is_file() and json.loads(meta_path.read_text()) != meta:
         say(f"calibration settings changed: generating {work / CALIBRATION} again")
         (work / CALIBRATION).unlink(missing_ok=True)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    engine = draftsman.load(cfg.target, dtype=cfg.gen_dtype)
+    engine = load(cfg.target, dtype=cfg.gen_dtype)
     tokenizer = engine.target.tokenizer
     prompts = chat_prompts(tokenizer, cfg.dataset, cfg.prompts, cfg.max_prompt_tokens,
                            cfg.chat)
@@ -196,8 +195,6 @@ def align(cfg: AlignConfig, *, resume: bool = True, progress: bool = True,
     `time_limit` (seconds) runs out, stops after a checkpoint with summary["finished"] False
     (the same call later resumes).
     """
-    from draftsman.store.resolve import resolve_model
-
     t0 = time.monotonic()
     deadline = t0 + time_limit if time_limit else None
     out = Path(cfg.out)
@@ -249,8 +246,6 @@ def align(cfg: AlignConfig, *, resume: bool = True, progress: bool = True,
 
 
 def register(train_subparsers: argparse._SubParsersAction) -> None:
-    from draftsman.engine import DEFAULT_DRAFT, DEFAULT_TARGET
-
     d, t = AlignConfig("", "", Path()), TrainConfig()
     p = train_subparsers.add_parser(
         "align", help="align a small model with a large one (BiLD prediction alignment)",

@@ -45,6 +45,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from draftsman.bench.dataset_loaders import sharegpt_conversations
+from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import DecoderLM
 from draftsman.models.exit_heads import (
@@ -102,8 +104,6 @@ def sharegpt_sequences(tokenizer: Any, count: int, seq_len: int, chat: bool = Tr
                        ) -> list[list[int]]:
     """First user turn (chat template) + the assistant's reply, cut to `seq_len` tokens;
     conversations whose prompt alone fills half the window are skipped."""
-    from draftsman.bench.dataset_loaders import sharegpt_conversations
-
     out: list[list[int]] = []
     for conv in sharegpt_conversations():
         if len(conv) < 2 or conv[0]["role"] != "user" or conv[1]["role"] != "assistant":
@@ -352,8 +352,6 @@ def _checkpoint(path: Path, translator: ExitTranslator, opt: torch.optim.Optimiz
 
 
 def register(train_subparsers: argparse._SubParsersAction) -> None:
-    from draftsman.engine import DEFAULT_TARGET
-
     d, t = DataConfig(), TrainConfig()
     p = train_subparsers.add_parser(
         "exit-head", help="train an early-exit LM head for an intermediate layer (pipelined)",
@@ -399,8 +397,6 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsman.engine import load_bundle
-
     if args.threads < 1:
         raise InvalidArgumentError("--threads must be >= 1")
     torch.set_num_threads(args.threads)

@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+from tqdm import tqdm
 
 from draftsman.errors import DraftsmanError, InvalidArgumentError
 
@@ -371,7 +372,6 @@ def save_model_folder(model: nn.Module, source: Path, out: Path, dtype: torch.dt
 def progress_bar(progress: bool, total: int, initial: int, desc: str, unit: str) -> Any:
     if not progress:
         return None
-    from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
                 file=sys.stderr)

@@ -34,10 +34,17 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from draftsman.bench.dataset_loaders import sharegpt_conversations
+from draftsman.core import GenerationConfig
+from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.models.base import DecoderLM
 from draftsman.models.prompt_tokens import TREES_FILE, PromptTokens
+from draftsman.strategies.parallel_prompt import ParallelPrompt
 from draftsman.trees.layout import TreeSpec, layout
+from draftsman.trees.sparse import PRIOR_ACCURACY, build_tree_table, make_trees
+from draftsman.verification.prompt_tree import TreeDecoder
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -253,8 +260,6 @@ def train(model: DecoderLM, train_seqs: Sequence[Example | list[int]],
         say(f"step 0 held-out loss {ev['loss']:.4f} top1 {top1}")
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=cfg.steps, initial=step, desc="prompt tokens", unit="step",
                    dynamic_ncols=True)
     t0 = time.perf_counter()
@@ -304,8 +309,6 @@ def sharegpt_examples(tokenizer, count: int, seq_len: int, skip: int = 0,
                       max_prompt: int | None = None) -> list[Example]:
     """First user turn (chat template) + the assistant's reply, cut to `seq_len` tokens;
     insertion points go in the reply. Conversations whose prompt leaves no room are skipped."""
-    from draftsman.bench.dataset_loaders import sharegpt_conversations
-
     max_prompt = max_prompt or seq_len // 2
     out: list[Example] = []
     seen = 0
@@ -334,11 +337,6 @@ def self_distilled_examples(model: DecoderLM, prompts: PromptTokens, tokenizer,
                             sources: Sequence[Example], new_tokens: int) -> list[Example]:
     """The target's own greedy replies to the prompts of `sources` (generated with parallel
     prompt decoding, which is exact, so it costs fewer target forwards)."""
-    from draftsman.core import GenerationConfig
-    from draftsman.strategies.parallel_prompt import ParallelPrompt
-    from draftsman.trees.sparse import PRIOR_ACCURACY, make_trees
-    from draftsman.verification.prompt_tree import TreeDecoder
-
     trees = make_trees("dynamic", PRIOR_ACCURACY, prompts.count, 16, prompts.epts).states
     strat = ParallelPrompt(TreeDecoder(model, prompts, trees))
     config = GenerationConfig(new_tokens, eos_token_ids=tokenizer.eos_token_ids)
@@ -354,8 +352,6 @@ def self_distilled_examples(model: DecoderLM, prompts: PromptTokens, tokenizer,
 
 
 def register(train_subparsers: argparse._SubParsersAction) -> None:
-    from draftsman.engine import DEFAULT_TARGET
-
     d = TrainConfig()
     p = train_subparsers.add_parser(
         "prompt-tokens", help="train parallel-prompt-decoding embeddings for a target",
@@ -393,8 +389,6 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from draftsman.engine import load_bundle
-
     torch.set_num_threads(args.threads)
     bundle = load_bundle(args.target, args.dtype)
     model, tok = bundle.model, bundle.tokenizer
@@ -426,8 +420,6 @@ def run_cli(args: argparse.Namespace) -> int:
 def calibrate(model: DecoderLM, prompts: PromptTokens, tokenizer, sources: Sequence[Example],
               new_tokens: int, cfg: TrainConfig, sizes: Sequence[int]) -> dict:
     """Measure rank accuracies on the target's own greedy replies; cache trees.json."""
-    from draftsman.trees.sparse import build_tree_table
-
     greedy = self_distilled_examples(model, prompts, tokenizer, sources, new_tokens)
     ev = evaluate(model, prompts.embeddings, greedy, cfg)
     table = build_tree_table(ev["accuracy"], prompts.count, prompts.epts, sizes)

@@ -1,0 +1,66 @@
+"""Helpers shared by the sub-command modules: comma-separated values and sub-command
+registration.
+
+Every parser raises `InvalidArgumentError` naming the flag, so a bad value prints one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Iterable
+
+from draftsman.errors import InvalidArgumentError
+
+
+def csv_items(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', 'b', 'c']."""
+    return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
+def float_list(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in csv_items(text)]
+    except ValueError:
+        raise InvalidArgumentError(f"--{flag} wants numbers separated by commas") from None
+
+
+def positive_ints(text: str, flag: str) -> list[int]:
+    """Integers >= 1 in the order given; at least one."""
+    try:
+        out = [int(x) for x in csv_items(text)]
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--{flag} wants integers separated by commas: {text!r}") from None
+    if not out or min(out) < 1:
+        raise InvalidArgumentError(f"--{flag} must be positive integers")
+    return out
+
+
+def register_modules(names: Iterable[str], subparsers: argparse._SubParsersAction) -> None:
+    """Import each module and call its `register(subparsers)`. A module that does not exist
+    is skipped, so sub-commands can land independently; an import error inside one is not."""
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+
+
+def add_group(subparsers: argparse._SubParsersAction, name: str, metavar: str, *, help: str,
+              description: str) -> argparse._SubParsersAction:
+    """A sub-command that only holds sub-commands (`draftsman models VERB`); run bare, it
+    prints its help and exits 2. Returns the subparsers to add its sub-commands to; the one
+    chosen is in `args.<name>_command`."""
+    parser = subparsers.add_parser(name, help=help, description=description)
+    group = parser.add_subparsers(dest=f"{name}_command", metavar=metavar)
+    parser.set_defaults(func=lambda args: _print_help(parser))
+    return group
+
+
+def _print_help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2

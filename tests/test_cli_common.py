@@ -1,0 +1,33 @@
+"""The shared command-line helpers: comma-separated values and command groups."""
+
+import argparse
+
+import pytest
+
+from draftsman.cli.common import add_group, csv_items, float_list, positive_ints
+from draftsman.errors import InvalidArgumentError
+
+
+def test_comma_separated_values():
+    assert csv_items(" a, b,,c ") == ["a", "b", "c"]
+    assert float_list("0.5, 1", "alpha") == [0.5, 1.0]
+    assert positive_ints("3,1, 2", "k") == [3, 1, 2]
+    with pytest.raises(InvalidArgumentError, match="--alpha wants numbers"):
+        float_list("0.5,x", "alpha")
+    with pytest.raises(InvalidArgumentError, match="--k wants integers separated by commas"):
+        positive_ints("1,two", "k")
+    with pytest.raises(InvalidArgumentError, match="--k must be positive integers"):
+        positive_ints("0,1", "k")
+    with pytest.raises(InvalidArgumentError, match="--k must be positive integers"):
+        positive_ints("", "k")
+
+
+def test_a_bare_group_prints_its_help(capsys):
+    parser = argparse.ArgumentParser(prog="draftsman")
+    group = add_group(parser.add_subparsers(dest="command"), "things", "VERB",
+                      help="things", description="Manage things.")
+    group.add_parser("list").set_defaults(func=lambda args: 0)
+    args = parser.parse_args(["things"])
+    assert args.func(args) == 2 and "Manage things." in capsys.readouterr().out
+    args = parser.parse_args(["things", "list"])
+    assert args.things_command == "list" and args.func(args) == 0
