@@ -58,9 +58,9 @@ DEFAULT_NUMERICS = "fast"
 # repacked GEMM kernels, whose logits differ from the one-row GEMV path by up to ~0.6 (1.5B,
 # Q4_K). Up to 3 rows every row takes the GEMV path and is bit-identical to decoding it alone,
 # so in bitwise mode short inputs (verify, catch-up) are fed in pieces of EXACT_ROWS: greedy
-# speculation then
-# reproduces this backend's own token-by-token output exactly (with the attention settings
-# in `new_cache`). The verify cost then grows linearly in the rows (README, "Numerics modes").
+# speculation then reproduces this backend's own token-by-token output exactly (with the
+# attention settings of `_bitwise_attention`). The verify cost then grows linearly in the
+# rows (README, "Numerics modes").
 EXACT_ROWS = 3
 SHORT = 64  # bitwise: inputs up to this many tokens are split into EXACT_ROWS pieces
 CONTEXT_STEP = 4096
