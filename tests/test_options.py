@@ -130,3 +130,10 @@ def test_capabilities_are_checked_by_name(engine):
         make_strategy("speculative", SimpleNamespace(target=SimpleNamespace(model=model)),
                       {"draft": "ngram", "branches": 8})
     assert replace(caps, exact_tree_keep=False).exact_tree_keep is False
+
+
+def test_bitwise_numerics_on_torch_is_refused_before_loading():
+    with pytest.raises(InvalidArgumentError, match="--numerics bitwise.*llama.cpp"):
+        draftsman.load("no-such-model", backend="torch", numerics="bitwise")
+    with pytest.raises(InvalidArgumentError, match="unknown --numerics"):
+        draftsman.load("no-such-model", backend="llama.cpp", numerics="approximate")

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from draftsman.backends.llama_cpp import NUMERICS
 from draftsman.core import GenerationConfig, Stats, Step
 from draftsman.errors import DraftsmanError, InvalidArgumentError
 from draftsman.models.base import DecoderLM
@@ -51,25 +52,38 @@ class LoadedModel:
 BACKENDS = ("torch", "llama.cpp")
 
 
+def check_backend(backend: str, numerics: str) -> None:
+    """Refuse an unknown backend or numerics mode before any model loads. The torch backend
+    has one mode, "fast": batch-variant in bf16, exact in fp32, nothing to trade."""
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(
+            f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if numerics not in NUMERICS:
+        raise InvalidArgumentError(
+            f"unknown --numerics {numerics!r}; choose from {', '.join(NUMERICS)}")
+    if backend == "torch" and numerics != "fast":
+        raise InvalidArgumentError(
+            f"--numerics {numerics} needs --backend llama.cpp (torch is exact in --dtype fp32)")
+
+
 def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
-                backend: str = "torch") -> LoadedModel:
+                backend: str = "torch", numerics: str = "fast") -> LoadedModel:
     """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name.
 
     backend "torch" runs our own models/ in `dtype`; "llama.cpp" runs the model's GGUF on
     llama.cpp (its own quantisation; `dtype` is ignored), so it needs a catalogue name or a
-    .gguf file. The folder is used for the config and tokenizer either way.
+    .gguf file. The folder is used for the config and tokenizer either way. `numerics`
+    ("fast" or "bitwise") is llama.cpp's feeding mode (backends/llama_cpp.py).
     """
     from draftsman.store.resolve import resolve_gguf, resolve_model
 
-    if backend not in BACKENDS:
-        raise InvalidArgumentError(
-            f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    check_backend(backend, numerics)
     folder = resolve_model(str(spec))
     if backend == "llama.cpp":
         from draftsman.backends.llama_cpp import LlamaCppLM
 
         gguf = resolve_gguf(str(spec))
-        model = LlamaCppLM(gguf, ModelConfig.from_folder(folder))
+        model = LlamaCppLM(gguf, ModelConfig.from_folder(folder), numerics=numerics)
     else:
         model = load_model(folder, dtype)
     tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
@@ -143,17 +157,18 @@ class Result:
 
 class Engine:
     def __init__(self, target: LoadedModel, dtype: torch.dtype = torch.bfloat16,
-                 backend: str = "torch") -> None:
+                 backend: str = "torch", numerics: str = "fast") -> None:
         self.target = target
         self.dtype = dtype
         self.backend = backend
+        self.numerics = numerics
         self._models: dict[str, LoadedModel] = {target.name: target}
 
     # ---- models -------------------------------------------------------------------
     def model(self, spec: str) -> LoadedModel:
         """Load (once) and return a companion model, checked against the target's vocabulary."""
         if spec not in self._models:
-            bundle = load_bundle(spec, self.dtype, self.backend)
+            bundle = load_bundle(spec, self.dtype, self.backend, self.numerics)
             check_same_vocabulary(self.target.tokenizer, bundle.tokenizer, self.target.name,
                                   bundle.name)
             if bundle.config.vocab_size != self.target.config.vocab_size:
@@ -261,13 +276,16 @@ def load(
     dtype: str = "bf16",
     threads: int | None = None,
     backend: str = "torch",
+    numerics: str = "fast",
 ) -> Engine:
+    check_backend(backend, numerics)
     if threads is not None:
         if threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     torch_dtype = parse_dtype(dtype)
-    engine = Engine(load_bundle(target, torch_dtype, backend), torch_dtype, backend)
+    engine = Engine(load_bundle(target, torch_dtype, backend, numerics), torch_dtype, backend,
+                    numerics)
     if draft is not None:
         engine.model(draft)
     return engine

@@ -30,10 +30,14 @@ def dtype_name(dtype: torch.dtype | str) -> str:
         dtype, str(dtype))
 
 
-def engine_kind(engine: Engine) -> str:
+def model_kind(model: Any, dtype: torch.dtype | str) -> str:
     """What a verify-cost profile is keyed by besides model and threads: the backend's own
-    number format when it declares one (llama.cpp's kernels), else the engine's dtype."""
-    return engine.target.model.capabilities.numerics or dtype_name(engine.dtype)
+    numerics when it declares them (llama.cpp's kernels and feeding mode), else the dtype."""
+    return model.capabilities.numerics or dtype_name(dtype)
+
+
+def engine_kind(engine: Engine) -> str:
+    return model_kind(engine.target.model, engine.dtype)
 
 
 def engine_profile_path(engine: Engine) -> Path:

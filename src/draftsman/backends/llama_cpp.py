@@ -26,13 +26,19 @@ import os
 import sys
 import threading
 import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from draftsman.errors import BackendError, ContextOverflowError, UnsupportedError
+from draftsman.errors import (
+    BackendError,
+    ContextOverflowError,
+    InvalidArgumentError,
+    UnsupportedError,
+)
 from draftsman.hardware import cpu_flags
 from draftsman.models.base import ALL, Output
 from draftsman.models.config import ModelConfig
@@ -41,15 +47,22 @@ from draftsman.models.protocol import Capabilities
 LIBRARY_ENV = "DRAFTSMAN_LLAMA_CPP"
 MAX_SEQUENCES = 16  # tree leaves one verify may hold
 BATCH = 512  # tokens per llama_decode call for long inputs (prompts)
+# Numerics modes. "fast" (default): verify and catch-up inputs go to llama.cpp in one
+# llama_decode on llama.cpp's default KV cache and attention settings, so a k-token verify
+# costs what llama.cpp's batched kernels cost and plain decoding runs at llama.cpp's own
+# speed; greedy outputs may part from one-token decoding at numerical near-ties.
+# "bitwise": the feeding below, bit-identical to one-token decoding, at a measured cost.
+NUMERICS = ("fast", "bitwise")
+DEFAULT_NUMERICS = "fast"
 # llama.cpp's CPU kernels are not batch-invariant: a ubatch of 4+ rows goes through the
 # repacked GEMM kernels, whose logits differ from the one-row GEMV path by up to ~0.6 (1.5B,
 # Q4_K). Up to 3 rows every row takes the GEMV path and is bit-identical to decoding it alone,
-# so short inputs (verify, catch-up) are fed in pieces of EXACT_ROWS: greedy speculation then
-# reproduces this backend's own token-by-token output exactly (with the attention settings
-# in `new_cache`). It costs nothing measurable here: 3 + 2 rows take about as long as 5 rows
-# in one call.
+# so in bitwise mode short inputs (verify, catch-up) are fed in pieces of EXACT_ROWS: greedy
+# speculation then reproduces this backend's own token-by-token output exactly (with the
+# attention settings of `_bitwise_attention`). The verify cost then grows linearly in the
+# rows (README, "Numerics modes").
 EXACT_ROWS = 3
-SHORT = 64  # inputs up to this many tokens are split into EXACT_ROWS pieces
+SHORT = 64  # bitwise: inputs up to this many tokens are split into EXACT_ROWS pieces
 CONTEXT_STEP = 4096
 
 _lock = threading.RLock()  # re-entrant: a cache finalizer may run while it is held
@@ -115,6 +128,17 @@ def llama() -> Any:
 def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     if level == 4 or os.environ.get("DRAFTSMAN_LLAMA_CPP_VERBOSE"):  # GGML_LOG_LEVEL_ERROR
         sys.stderr.write(text.decode("utf-8", "replace"))
+
+
+def check_numerics(numerics: str) -> None:
+    if numerics not in NUMERICS:
+        raise InvalidArgumentError(
+            f"unknown --numerics {numerics!r}; choose from {', '.join(NUMERICS)}")
+
+
+def numerics_key(numerics: str) -> str:
+    """What forward-cost profiles are keyed by: each mode has its own verify cost curve."""
+    return f"llama.cpp-{numerics}"
 
 
 class LlamaCppCache:
@@ -200,13 +224,18 @@ class LlamaCppLM:
     # keep() of a tree path leaves its cells where the tree put them, and llama.cpp sums
     # attention in cell order: later logits can differ from a linear decode's (tree
     # speculation therefore keeps only a path's leading in-order nodes, see
-    # strategies/tree_speculative.py). Trees are fed in exact pieces up to SHORT rows.
+    # strategies/tree_speculative.py). Trees hold up to SHORT rows.
     capabilities = Capabilities(
         backend="llama.cpp", layer_ranges=False, input_embeddings=False, hidden_states=False,
-        exact_tree_keep=False, max_tree_rows=SHORT, device="cpu", numerics="llama.cpp")
+        exact_tree_keep=False, max_tree_rows=SHORT, device="cpu",
+        numerics=numerics_key(DEFAULT_NUMERICS))
 
-    def __init__(self, gguf: str | Path, config: ModelConfig, threads: int | None = None
-                 ) -> None:
+    def __init__(self, gguf: str | Path, config: ModelConfig, threads: int | None = None,
+                 numerics: str = DEFAULT_NUMERICS) -> None:
+        check_numerics(numerics)
+        self.numerics = numerics
+        # per instance: the mode keys this model's forward-cost profile
+        self.capabilities = replace(LlamaCppLM.capabilities, numerics=numerics_key(numerics))
         lib = llama()
         self.lib = lib
         self.path = Path(gguf)
@@ -251,15 +280,19 @@ class LlamaCppLM:
         params.kv_unified = True  # sequences share cells: a tree's branches share the prefix
         params.n_threads = params.n_threads_batch = self.threads
         params.no_perf = True
-        # Flash attention over a Q8_0 KV cache: with an f16/f32 cache, llama.cpp switches a
-        # one-row decode to a split-KV kernel once 512+ cells are in use, and its sums differ
-        # from the multi-row kernel's; a quantised cache keeps every row on the same kernel
-        params.flash_attn_type = self.lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        params.type_k = params.type_v = self.lib.GGML_TYPE_Q8_0
+        if self.numerics == "bitwise":
+            self._bitwise_attention(params)
         ctx = self.lib.llama_init_from_model(self.handle, params)
         if not ctx:
             raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens")
         return LlamaCppCache(self, ctx, n_ctx)
+
+    def _bitwise_attention(self, params: Any) -> None:
+        """Flash attention over a Q8_0 KV cache: with an f16/f32 cache, llama.cpp switches a
+        one-row decode to a split-KV kernel once 512+ cells are in use, and its sums differ
+        from the multi-row kernel's; a quantised cache keeps every row on the same kernel."""
+        params.flash_attn_type = self.lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.type_k = params.type_v = self.lib.GGML_TYPE_Q8_0
 
     def release(self, ctx: Any, n_ctx: int) -> None:
         with _lock:
@@ -324,13 +357,13 @@ class LlamaCppLM:
 
     def _decode(self, ctx: Any, ids: list[int], pos: list[int],
                 seqs: list[set[int]] | None, rows: list[int]) -> torch.Tensor | None:
-        """Feed the tokens in pieces (see EXACT_ROWS); return the logits of `rows` [R, V].
+        """Feed the tokens in pieces (see piece_rows); return the logits of `rows` [R, V].
 
         Tree nodes come parents first, so a piece never needs a node of a later piece."""
         want = set(rows)
         if seqs is not None and len(ids) > SHORT:
             raise UnsupportedError(f"a tree over {SHORT} nodes")
-        piece = EXACT_ROWS if len(ids) <= SHORT else BATCH
+        piece = self.piece_rows(len(ids))
         logits = torch.empty(len(want), self.n_vocab) if want else None  # batch order
         filled = 0
         b = self._batch
@@ -360,6 +393,11 @@ class LlamaCppLM:
             where = {r: k for k, r in enumerate(order)}
             logits = logits[[where[r] for r in rows]]
         return logits
+
+    def piece_rows(self, n: int) -> int:
+        """Rows per llama_decode for an input of n tokens: bitwise mode feeds short inputs
+        in EXACT_ROWS pieces, fast mode everything in BATCH pieces."""
+        return EXACT_ROWS if self.numerics == "bitwise" and n <= SHORT else BATCH
 
     def head(self, hidden: torch.Tensor, exit_head: Any = None) -> torch.Tensor:
         raise UnsupportedError("hidden states are not exposed by llama.cpp; use --backend torch")

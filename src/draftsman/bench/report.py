@@ -159,6 +159,7 @@ def context(rows: list[Row], config: dict[str, Any] | None) -> list[tuple[str, s
         ("max new tokens", str(settings.get("max_new_tokens"))),
         ("temperature", str(settings.get("temperature"))),
         ("dtype", str(env.get("dtype"))),
+        *([("numerics", str(settings["numerics"]))] if "numerics" in settings else []),
         ("CPU", f"{env.get('cpu')} ({env.get('cores')} cores, {env.get('threads')} threads)"),
         ("torch / transformers", f"{env.get('torch')} / {env.get('transformers')}"),
         ("commit", str(env.get("git_commit"))),

@@ -184,7 +184,7 @@ def git_commit() -> str | None:
     return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def environment(dtype: str) -> dict[str, Any]:
+def environment(dtype: str, numerics: str = "fast") -> dict[str, Any]:
     import transformers
 
     return {
@@ -194,6 +194,7 @@ def environment(dtype: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "dtype": dtype,
+        "numerics": numerics,
         "draftsman": getattr(draftsman, "__version__", None),
         "git_commit": git_commit(),
     }

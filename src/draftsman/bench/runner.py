@@ -83,6 +83,7 @@ class BenchConfig:
     threads: int | None = None
     dtype: str = "bf16"
     backend: str = "torch"
+    numerics: str = "fast"  # llama.cpp's feeding mode (backends/llama_cpp.py)
     resume: bool = False
     turns: str = "first"  # "first" or "all"
     warmup_tokens: int = 8
@@ -92,7 +93,8 @@ class BenchConfig:
 
     def settings(self) -> dict[str, Any]:
         """What a row's numbers depend on; `--resume` requires these to match."""
-        backend = {} if self.backend == "torch" else {"backend": self.backend}
+        backend = {} if self.backend == "torch" else {"backend": self.backend,
+                                                      "numerics": self.numerics}
         return {"target": self.target, "draft": self.draft, "dtype": self.dtype, **backend,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
                 "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed,
@@ -216,11 +218,13 @@ class Bench:
         if engine is None:
             model_draft = None if is_model_free(config.draft) else config.draft
             engine = draftsman.load(config.target, draft=model_draft, dtype=config.dtype,
-                                    threads=config.threads, backend=config.backend)
+                                    threads=config.threads, backend=config.backend,
+                                    numerics=config.numerics)
         self.engine = engine
         self.tokenizer = engine.target.tokenizer
         self.contestants = build_contestants(engine, config)
-        self.env = environment(config.dtype if config.backend == "torch" else "gguf (llama.cpp)")
+        self.env = environment(config.dtype if config.backend == "torch" else "gguf (llama.cpp)",
+                               numerics=config.numerics)
         self.done = {row_key(r) for r in self.existing}
         self.baseline: dict[tuple[str, int], Row] = {}
         self.answers: dict[tuple[str, int, str], str] = {}  # (unit key, repeat, label)

@@ -17,7 +17,8 @@ from draftsman.cli.generate_cmd import add_model_args, add_sampling_args
 from draftsman.errors import InvalidArgumentError
 
 DEFAULTS = dict(methods=["speculative"], datasets=["humaneval"], limit=5, max_new_tokens=128,
-                temperature=0.0, seed=0, repeats=1, peers=[], backend="torch")
+                temperature=0.0, seed=0, repeats=1, peers=[], backend="torch",
+                numerics="fast")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -67,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", nargs=2, metavar=("A", "B"),
                    help="diff two result folders and exit")
     # None = not given, so a preset can fill it in
-    p.set_defaults(func=run, max_new_tokens=None, temperature=None, seed=None, backend=None)
+    p.set_defaults(func=run, max_new_tokens=None, temperature=None, seed=None, backend=None,
+                   numerics=None)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -79,7 +81,7 @@ def config_from_args(args: argparse.Namespace):
                       repeats=preset.repeats, peers=list(preset.peers), backend=preset.backend)
     given = dict(methods=args.methods, limit=args.limit, max_new_tokens=args.max_new_tokens,
                  temperature=args.temperature, seed=args.seed, repeats=args.repeats,
-                 peers=args.peers, backend=args.backend,
+                 peers=args.peers, backend=args.backend, numerics=args.numerics,
                  datasets=[d.strip() for d in args.datasets.split(",") if d.strip()]
                  if args.datasets else None)
     values.update({k: v for k, v in given.items() if v is not None})

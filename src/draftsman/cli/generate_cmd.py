@@ -30,6 +30,16 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="torch: our PyTorch models in --dtype (default); llama.cpp: the "
                              "model's GGUF on llama.cpp's quantised kernels (catalogue names "
                              "and .gguf files; --dtype is ignored)")
+    add_numerics_arg(parser)
+
+
+def add_numerics_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--numerics", default="fast", choices=["fast", "bitwise"],
+                        help="llama.cpp: fast (default) verifies in one batch on llama.cpp's "
+                             "defaults, greedy output may part from autoregressive at "
+                             "near-ties; bitwise feeds 3-row pieces over a Q8_0 cache, "
+                             "identical output, verify cost linear in the rows. torch: only "
+                             "fast (bf16 is batch-variant anyway, fp32 exact)")
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
@@ -124,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, stop=args.stop, chat=args.chat, **options)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
-                            backend=args.backend)
+                            backend=args.backend, numerics=args.numerics)
     if args.stream and not args.json:
         request = engine.prepare(prompt, **kwargs)
         t0 = time.perf_counter()

@@ -15,10 +15,11 @@ import sys
 import torch
 
 from draftsman.cli.common import positive_ints
+from draftsman.cli.generate_cmd import add_numerics_arg
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.prompt_tokens import PromptTokens
-from draftsman.profiling import measure_latency, profile_path, save_profile
+from draftsman.profiling import measure_latency, model_kind, profile_path, save_profile
 from draftsman.trees.sparse import predicted_speedups
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -37,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: all cores); profiles are per thread count")
+    p.add_argument("--backend", default="torch", choices=["torch", "llama.cpp"],
+                   help="torch (default) or llama.cpp (the model's GGUF; --dtype ignored)")
+    add_numerics_arg(p)
     p.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
                    help="input lengths to time, comma separated")
     p.add_argument("--context", type=int, default=256, help="cached tokens before the input")
@@ -53,11 +57,12 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgumentError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     lengths = parse_lengths(args.lengths)
-    bundle = load_bundle(args.target, args.dtype)
+    bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics)
     latency = measure_latency(bundle.model, lengths, args.context, args.repeats)
     threads = torch.get_num_threads()
-    path = profile_path(bundle.name, args.dtype, threads)
-    save_profile(path, latency, {"model": bundle.name, "dtype": args.dtype, "threads": threads,
+    kind = model_kind(bundle.model, args.dtype)
+    path = profile_path(bundle.name, kind, threads)
+    save_profile(path, latency, {"model": bundle.name, "dtype": kind, "threads": threads,
                                  "context": args.context, "repeats": args.repeats})
     speed = _predicted(args.prompt_tokens, latency)
     if args.json:
