@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from test_speculative import perturbed_copy
-from tiny import hf_model, ours_from_hf
+from tiny import assert_cache_holds, hf_model, ours_from_hf
 
 from draftsman.core import GenerationConfig
 from draftsman.errors import InvalidArgumentError
@@ -202,20 +202,6 @@ def test_early_exit_never_fallback_is_the_shallow_model(models):
 
 
 # ---- caches after a rollback --------------------------------------------------------------
-
-def fresh_cache(model, tokens):
-    cache = model.new_cache(len(tokens) + 1)
-    model(torch.tensor([tokens]), torch.arange(len(tokens))[None], cache)
-    return cache
-
-
-def assert_cache_holds(cache, model, tokens):
-    n = len(tokens)
-    assert cache.length == n
-    ref = fresh_cache(model, tokens)
-    torch.testing.assert_close(cache.k[:, :, :, :n], ref.k[:, :, :, :n], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cache.v[:, :, :, :n], ref.v[:, :, :, :n], rtol=1e-5, atol=1e-5)
-
 
 @pytest.mark.parametrize("kind", ["two-models", "early-exit"])
 def test_rollback_restores_both_caches(models, kind):

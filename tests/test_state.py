@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import hf_model, ours_from_hf
+from tiny import assert_cache_holds, hf_model, ours_from_hf
 
 from draftsman.proposers.draft_model import probability
 from draftsman.state import ModelState
@@ -27,20 +27,6 @@ class CountingList(list):
         if isinstance(index, int):
             self.reads += 1
         return super().__getitem__(index)
-
-
-def fresh_cache(model, tokens):
-    cache = model.new_cache(len(tokens) + 1)
-    model(torch.tensor([tokens]), torch.arange(len(tokens))[None], cache)
-    return cache
-
-
-def assert_cache_holds(cache, model, tokens):
-    n = len(tokens)
-    assert cache.length == n
-    ref = fresh_cache(model, tokens)
-    torch.testing.assert_close(cache.k[:, :, :, :n], ref.k[:, :, :, :n], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cache.v[:, :, :, :n], ref.v[:, :, :, :n], rtol=1e-5, atol=1e-5)
 
 
 def next_logits(model, tokens):

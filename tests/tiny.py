@@ -48,3 +48,19 @@ def ours_from_hf(model: transformers.PreTrainedModel, dtype=torch.float32) -> De
 def tiny_pair(family: str = "llama", seed: int = 0, **overrides) -> tuple:
     hf = hf_model(family, seed, **overrides)
     return hf, ours_from_hf(hf)
+
+
+def fresh_cache(model, tokens: list[int]):
+    """A cache holding `tokens`, prefilled in one forward: the reference for rollbacks."""
+    cache = model.new_cache(len(tokens) + 1)
+    model(torch.tensor([tokens]), torch.arange(len(tokens))[None], cache)
+    return cache
+
+
+def assert_cache_holds(cache, model, tokens: list[int]) -> None:
+    """The cache's first len(tokens) slots equal a fresh prefill of `tokens`."""
+    n = len(tokens)
+    assert cache.length == n
+    ref = fresh_cache(model, tokens)
+    torch.testing.assert_close(cache.k[:, :, :, :n], ref.k[:, :, :, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.v[:, :, :, :n], ref.v[:, :, :, :n], rtol=1e-5, atol=1e-5)
