@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=_DTYPE_CHOICES, default=None,
                    help="dtype of the converted weights (default: bfloat16, or as installed)")
     p.add_argument("--force", action="store_true", help="convert again even if pulled")
+    p.add_argument("--from-gguf", type=Path, default=None, metavar="FILE",
+                   help="install NAME from this local GGUF file instead of downloading it "
+                        "(offline machines); refused unless it has the pinned SHA-256")
     p.set_defaults(func=cmd_pull)
 
     p = verbs.add_parser("verify", help="re-hash a pulled model (GGUF and converted folder)")
@@ -77,8 +80,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
     names = list(CATALOGUE) if args.names == ["all"] else args.names
     for name in names:
         get_entry(name)  # fail on a typo before downloading anything
+    if args.from_gguf is not None and len(names) != 1:
+        raise InvalidArgumentError("--from-gguf installs one model: give exactly one NAME")
     for name in names:
-        result = pull_model(name, dtype=args.dtype, force=args.force)
+        result = pull_model(name, dtype=args.dtype, force=args.force, source=args.from_gguf)
         if not result.did_nothing:
             steps = ", ".join(f"{step} {secs:.1f} s" for step, secs in result.seconds.items())
             print(f"{name}: pulled ({steps}) -> {result.folder}", file=sys.stderr)

