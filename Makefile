@@ -1,11 +1,13 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up .venv, pull the embedded default models, run the short benchmark
-#   make test   set up .venv and run the whole test suite (pulls the models it needs)
+#   make test   set up .venv and run the whole test suite (pulls the models it needs;
+#               the CUDA tests skip where there is no GPU)
+#   make test-gpu  only the CUDA tests, on a GPU machine
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test test-gpu lint clean
 
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
@@ -29,6 +31,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/python -m pytest -q
+
+test-gpu: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m gpu
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -18,10 +18,11 @@ import torch
 
 from draftsman.backends.llama_cpp import NUMERICS
 from draftsman.core import GenerationConfig, Stats, Step
+from draftsman.device import resolve_device
 from draftsman.errors import DraftsmanError, InvalidArgumentError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
-from draftsman.models.loader import load_model, parse_dtype
+from draftsman.models.loader import INT8, load_model, parse_dtype
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.base import check_fits
 from draftsman.text.stops import StopMatcher
@@ -66,18 +67,33 @@ def check_backend(backend: str, numerics: str) -> None:
             f"--numerics {numerics} needs --backend llama.cpp (torch is exact in --dtype fp32)")
 
 
+def pick_device(device: str | torch.device | None, backend: str = "torch",
+                dtype: str | torch.dtype = "bf16") -> torch.device:
+    """The device a model runs on for `--device` (see device.py). llama.cpp is built for the
+    CPU here, and int8 is a CPU kernel: for them `auto` means the CPU, a GPU is refused."""
+    if backend == "llama.cpp":
+        return resolve_device(device, cpu_only="--backend llama.cpp runs on the CPU; "
+                                               "use --backend torch")
+    if dtype == INT8:
+        return resolve_device(device, cpu_only="--dtype int8 runs on the CPU only")
+    return resolve_device(device)
+
+
 def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
-                backend: str = "torch", numerics: str = "fast") -> LoadedModel:
+                backend: str = "torch", numerics: str = "fast",
+                device: str | torch.device | None = "cpu") -> LoadedModel:
     """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name.
 
-    backend "torch" runs our own models/ in `dtype`; "llama.cpp" runs the model's GGUF on
-    llama.cpp (its own quantisation; `dtype` is ignored), so it needs a catalogue name or a
-    .gguf file. The folder is used for the config and tokenizer either way. `numerics`
-    ("fast" or "bitwise") is llama.cpp's feeding mode (backends/llama_cpp.py).
+    backend "torch" runs our own models/ in `dtype` on `device` (auto, cpu, cuda[:N]);
+    "llama.cpp" runs the model's GGUF on llama.cpp (its own quantisation; `dtype` is
+    ignored; CPU only), so it needs a catalogue name or a .gguf file. The folder is used for
+    the config and tokenizer either way. `numerics` ("fast" or "bitwise") is llama.cpp's
+    feeding mode (backends/llama_cpp.py).
     """
     from draftsman.store.resolve import resolve_gguf, resolve_model
 
     check_backend(backend, numerics)
+    placed = pick_device(device, backend, dtype)  # before any download: fail fast
     folder = resolve_model(str(spec))
     if backend == "llama.cpp":
         from draftsman.backends.llama_cpp import LlamaCppLM
@@ -85,7 +101,7 @@ def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
         gguf = resolve_gguf(str(spec))
         model = LlamaCppLM(gguf, ModelConfig.from_folder(folder), numerics=numerics)
     else:
-        model = load_model(folder, dtype)
+        model = load_model(folder, dtype, device=placed)
     tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
     return LoadedModel(str(spec), Path(folder), model, tokenizer)
 
@@ -157,18 +173,20 @@ class Result:
 
 class Engine:
     def __init__(self, target: LoadedModel, dtype: torch.dtype = torch.bfloat16,
-                 backend: str = "torch", numerics: str = "fast") -> None:
+                 backend: str = "torch", numerics: str = "fast",
+                 device: torch.device | None = None) -> None:
         self.target = target
         self.dtype = dtype
         self.backend = backend
         self.numerics = numerics
+        self.device = device or torch.device("cpu")  # where every model of this engine lives
         self._models: dict[str, LoadedModel] = {target.name: target}
 
     # ---- models -------------------------------------------------------------------
     def model(self, spec: str) -> LoadedModel:
         """Load (once) and return a companion model, checked against the target's vocabulary."""
         if spec not in self._models:
-            bundle = load_bundle(spec, self.dtype, self.backend, self.numerics)
+            bundle = load_bundle(spec, self.dtype, self.backend, self.numerics, self.device)
             check_same_vocabulary(self.target.tokenizer, bundle.tokenizer, self.target.name,
                                   bundle.name)
             if bundle.config.vocab_size != self.target.config.vocab_size:
@@ -277,20 +295,24 @@ def load(
     threads: int | None = None,
     backend: str = "torch",
     numerics: str = "fast",
+    device: str | torch.device | None = "auto",
 ) -> Engine:
+    """Load `target` (and `draft`) once. `device`: auto (the GPU when torch sees one, else
+    the CPU), cpu, cuda or cuda:N; a GPU that is not there is a DeviceError."""
     check_backend(backend, numerics)
+    placed = pick_device(device, backend, dtype)
     if threads is not None:
         if threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     torch_dtype = parse_dtype(dtype)
-    engine = Engine(load_bundle(target, torch_dtype, backend, numerics), torch_dtype, backend,
-                    numerics)
+    engine = Engine(load_bundle(target, torch_dtype, backend, numerics, placed), torch_dtype,
+                    backend, numerics, placed)
     if draft is not None:
         engine.model(draft)
     return engine
 
 
 def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = None,
-             dtype: str = "bf16", **kwargs: Any) -> Result:
-    return load(target, draft=draft, dtype=dtype).generate(prompt, **kwargs)
+             dtype: str = "bf16", device: str = "auto", **kwargs: Any) -> Result:
+    return load(target, draft=draft, dtype=dtype, device=device).generate(prompt, **kwargs)

@@ -48,3 +48,7 @@ class BackendError(DraftsmanError):
     """A compute backend is missing or failed (llama.cpp not built, a GGUF it cannot load)."""
 
     status = 503
+
+
+class DeviceError(InvalidArgumentError):
+    """A --device that this machine does not have (cuda without CUDA, cuda:N past the last)."""

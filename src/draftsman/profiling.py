@@ -32,8 +32,13 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 def model_kind(model: Any, dtype: torch.dtype | str) -> str:
     """What a verify-cost profile is keyed by besides model and threads: the backend's own
-    numerics when it declares them (llama.cpp's kernels and feeding mode), else the dtype."""
-    return model.capabilities.numerics or dtype_name(dtype)
+    numerics when it declares them (llama.cpp's kernels and feeding mode), else the dtype;
+    plus the device when it is not the CPU (a GPU's curve is another machine's)."""
+    kind = model.capabilities.numerics or dtype_name(dtype)
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device) and device.type != "cpu":
+        kind += "-" + str(device).replace(":", "")
+    return kind
 
 
 def engine_kind(engine: Engine) -> str:
@@ -83,6 +88,10 @@ def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: 
     cache = model.new_cache(context + max(lengths) + 1)
     ids = torch.randint(0, vocab, (1, context), generator=gen)
     model(ids, torch.arange(context)[None], cache)
+    # a GPU forward returns before it has run: wait for it, or only the launch is timed
+    device = getattr(model, "device", torch.device("cpu"))
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync()
     out: dict[int, float] = {}
     for n in lengths:
         tokens = torch.randint(0, vocab, (1, n), generator=gen)
@@ -93,6 +102,7 @@ def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: 
             cache.truncate(context)
             t0 = time.perf_counter()
             model(tokens, pos, cache, mask=mask)
+            sync()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
         out[int(n)] = statistics.median(times)

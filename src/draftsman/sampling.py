@@ -59,14 +59,32 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 
 
 class Sampler:
-    """A sampling config with its own seeded generator: the same seed gives the same draws."""
+    """A sampling config with its own seeded generator: the same seed gives the same draws.
+
+    Draws happen on the device of the distribution, each device with its own generator
+    seeded alike (a CUDA generator cannot draw on the CPU, nor the reverse): reproducible
+    per device, not across devices.
+    """
 
     def __init__(self, config: SamplingConfig) -> None:
         self.config = config
-        self.generator = torch.Generator()
-        self.generator.manual_seed(config.seed if config.seed is not None else 0)
-        if config.seed is None:
-            self.generator.seed()
+        self.generator = self._new_generator(torch.device("cpu"))
+        self._device_generators: dict[torch.device, torch.Generator] = {}
+
+    def _new_generator(self, device: torch.device) -> torch.Generator:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.config.seed if self.config.seed is not None else 0)
+        if self.config.seed is None:
+            generator.seed()
+        return generator
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        """The CPU generator, or this device's own (made on first use)."""
+        if device.type == "cpu":
+            return self.generator
+        if device not in self._device_generators:
+            self._device_generators[device] = self._new_generator(device)
+        return self._device_generators[device]
 
     @property
     def greedy(self) -> bool:
@@ -77,10 +95,12 @@ class Sampler:
 
     def draw(self, probs: torch.Tensor) -> int:
         """One token from probs [V]."""
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(torch.multinomial(probs, 1, generator=self.generator_for(probs.device)))
 
-    def uniform(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.generator)
+    def uniform(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        """n uniform draws in [0, 1), on `device` (default the CPU)."""
+        generator = self.generator if device is None else self.generator_for(device)
+        return torch.rand(n, generator=generator, device=generator.device)
 
     def pick(self, logits: torch.Tensor) -> int:
         """One token from logits [V]: argmax when greedy, else a draw."""

@@ -50,6 +50,7 @@ class RunSettings:
     prompt_tokens: str | None = None
     threads: int = 2
     seed: int = 0
+    device: str = "auto"
 
 
 @dataclass
@@ -89,7 +90,7 @@ def configs(s: RunSettings) -> list[tuple[str, str, dict[str, Any]]]:
 def run(s: RunSettings, out: Path, say=lambda msg: print(msg, file=sys.stderr, flush=True)
         ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    engine = load(s.target, dtype=s.dtype, threads=s.threads)
+    engine = load(s.target, dtype=s.dtype, threads=s.threads, device=s.device)
     target = engine.target
     prompts = resolve_prompt_tokens(s.prompt_tokens, target, 3, 1, s.seed)
     m = prompts.count
@@ -350,7 +351,8 @@ def settings_from(args: Any) -> RunSettings:
         kinds=tuple(x.strip() for x in args.kinds.split(",") if x.strip()),
         time_sizes=ints(args.time_sizes),
         also=tuple(parse_methods(args.also)) if args.also else (),
-        prompt_tokens=args.prompt_tokens, threads=args.threads, seed=args.seed)
+        prompt_tokens=args.prompt_tokens, threads=args.threads, seed=args.seed,
+        device=getattr(args, "device", "auto"))
 
 
 def check(s: RunSettings) -> None:

@@ -55,13 +55,16 @@ def label(variant: str) -> str:
     return "hf" if variant == "plain" else f"hf:{variant}"
 
 
-def load_hf(folder: str, dtype: torch.dtype) -> Any:
+def load_hf(folder: str, dtype: torch.dtype, device: torch.device | None = None) -> Any:
+    """transformers' model of `folder`, on our engine's device (peers compare like for like)."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # generate's deprecation chatter
     transformers.logging.disable_progress_bar()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     model.generation_config = transformers.GenerationConfig()
+    if device is not None:
+        model = model.to(device)
     return model.eval()
 
 
@@ -96,7 +99,7 @@ class HFPeer(Contestant):
 
     def run(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Outcome:
         config = self.generation_config(sampling)
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.model.device)
         mask = torch.ones_like(ids)
         extra = {"assistant_model": self.assistant} if self.variant == "assisted" else {}
         torch.manual_seed(seed)

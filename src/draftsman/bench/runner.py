@@ -84,6 +84,7 @@ class BenchConfig:
     dtype: str = "bf16"
     backend: str = "torch"
     numerics: str = "fast"  # llama.cpp's feeding mode (backends/llama_cpp.py)
+    device: str = "auto"  # auto, cpu, cuda[:N]; the device used is in the run's environment
     resume: bool = False
     turns: str = "first"  # "first" or "all"
     warmup_tokens: int = 8
@@ -154,14 +155,15 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
     contestants += llama_cpp_peers(engine, config, [v for peer, v in peers
                                                     if peer == "llama.cpp"])
     if variants:
-        target = load_hf(engine.target.folder, engine.dtype)
+        target = load_hf(engine.target.folder, engine.dtype, engine.device)
         eos = engine.target.tokenizer.eos_token_ids
         assistant = assistant_name = None
         if "assisted" in variants:
             assistant_name = None if is_model_free(draft) else draft
             if assistant_name is None:
                 assistant_name = engine.default_draft()
-            assistant = load_hf(engine.model(assistant_name).folder, engine.dtype)
+            assistant = load_hf(engine.model(assistant_name).folder, engine.dtype,
+                                engine.device)
         for v in variants:
             drafter = {"assisted": display_name(assistant_name),
                        "prompt-lookup": "prompt-lookup"}.get(v)
@@ -219,12 +221,13 @@ class Bench:
             model_draft = None if is_model_free(config.draft) else config.draft
             engine = draftsman.load(config.target, draft=model_draft, dtype=config.dtype,
                                     threads=config.threads, backend=config.backend,
-                                    numerics=config.numerics)
+                                    numerics=config.numerics, device=config.device)
         self.engine = engine
         self.tokenizer = engine.target.tokenizer
         self.contestants = build_contestants(engine, config)
         self.env = environment(config.dtype if config.backend == "torch" else "gguf (llama.cpp)",
                                numerics=config.numerics)
+        self.env["device"] = str(getattr(engine, "device", "cpu"))
         self.done = {row_key(r) for r in self.existing}
         self.baseline: dict[tuple[str, int], Row] = {}
         self.answers: dict[tuple[str, int, str], str] = {}  # (unit key, repeat, label)

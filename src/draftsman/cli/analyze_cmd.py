@@ -25,7 +25,7 @@ from draftsman.analysis import match_rate as mr
 from draftsman.analysis.match_rate import PAPER_FRACTIONS, TASK_LABELS, TASKS, encode
 from draftsman.bench.datasets import load_dataset
 from draftsman.bench.study_report import write_html
-from draftsman.cli.common import add_group, csv_items, positive_ints
+from draftsman.cli.common import add_device_arg, add_group, csv_items, positive_ints
 from draftsman.engine import DEFAULT_TARGET, load, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.exit_heads import layer_from_fraction
@@ -68,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-resume", action="store_true",
                    help="regenerate instead of reusing <out>/<model>/generations.jsonl")
     p.add_argument("--no-plots", action="store_true")
+    add_device_arg(p)
     p.set_defaults(func=run_match_rate)
 
     q = sub.add_parser(
@@ -87,6 +88,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--repeats", type=int, default=1)
     q.add_argument("--raw", action="store_true")
     q.add_argument("--out", type=Path, default=None, help="write results JSON + markdown here")
+    add_device_arg(q)
     q.set_defaults(func=run_latency)
 
     r = sub.add_parser(
@@ -116,6 +118,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", type=Path, default=Path("parallel-prompt"))
+    add_device_arg(r)
     r.set_defaults(func=run_parallel_prompt)
 
 
@@ -148,7 +151,7 @@ def run_match_rate(args: argparse.Namespace) -> int:
     tasks = tuple(csv_items(args.tasks))
     lengths = tuple((t, args.max_new_tokens) for t in tasks) if args.max_new_tokens else ()
     for name in models:
-        bundle = load_bundle(name, args.dtype)
+        bundle = load_bundle(name, args.dtype, device=args.device)
         model = bundle.model
         depth = model.config.num_layers
         layers = sorted({layer_from_fraction(depth, x) for x in csv_items(args.layers)})
@@ -288,7 +291,7 @@ def _timed(engine: Any, prompt_ids: list[int], method: str, options: dict[str, A
 
 
 def run_latency(args: argparse.Namespace) -> int:
-    engine = load(args.model, dtype=args.dtype)
+    engine = load(args.model, dtype=args.dtype, device=args.device)
     tasks = csv_items(args.tasks)
     configs: list[tuple[str, str, dict[str, Any], int | None]] = [
         ("greedy, 1 thread", "autoregressive", {}, 1),

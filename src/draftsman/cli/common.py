@@ -64,3 +64,10 @@ def add_group(subparsers: argparse._SubParsersAction, name: str, metavar: str, *
 def _print_help(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
+
+
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    """`--device auto|cpu|cuda|cuda:N` (checked by draftsman.device.resolve_device)."""
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help="auto (default: the GPU when PyTorch sees one, else the CPU), "
+                             "cpu, cuda or cuda:N")

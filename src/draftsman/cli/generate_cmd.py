@@ -8,6 +8,7 @@ import sys
 import time
 
 import draftsman
+from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
@@ -31,6 +32,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                              "model's GGUF on llama.cpp's quantised kernels (catalogue names "
                              "and .gguf files; --dtype is ignored)")
     add_numerics_arg(parser)
+    add_device_arg(parser)
 
 
 def add_numerics_arg(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, stop=args.stop, chat=args.chat, **options)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
-                            backend=args.backend, numerics=args.numerics)
+                            backend=args.backend, numerics=args.numerics, device=args.device)
     if args.stream and not args.json:
         request = engine.prepare(prompt, **kwargs)
         t0 = time.perf_counter()

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from draftsman.cli.common import positive_ints
+from draftsman.cli.common import add_device_arg, positive_ints
 from draftsman.cli.generate_cmd import add_numerics_arg
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default="torch", choices=["torch", "llama.cpp"],
                    help="torch (default) or llama.cpp (the model's GGUF; --dtype ignored)")
     add_numerics_arg(p)
+    add_device_arg(p)
     p.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
                    help="input lengths to time, comma separated")
     p.add_argument("--context", type=int, default=256, help="cached tokens before the input")
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgumentError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     lengths = parse_lengths(args.lengths)
-    bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics)
+    bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics, args.device)
     latency = measure_latency(bundle.model, lengths, args.context, args.repeats)
     threads = torch.get_num_threads()
     kind = model_kind(bundle.model, args.dtype)

@@ -113,7 +113,7 @@ def build_app(args: argparse.Namespace):
     registry.method_options(method, options)  # a bad option fails before any model loads
     drafts = resident_drafts(args, catalogue_draft)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
-                            backend=args.backend, numerics=args.numerics)
+                            backend=args.backend, numerics=args.numerics, device=args.device)
     for spec in drafts:
         engine.model(spec)
     main_draft = drafts[0] if drafts and drafts[0] != args.subdraft else None

@@ -176,6 +176,11 @@ class DecoderLM(nn.Module):
         """
         n_layers = self.config.num_layers
         layers = layers if layers is not None else range(n_layers)
+        # callers build token ids and positions on the host; `.to` is a no-op on the CPU
+        device = self.device
+        positions = positions.to(device)
+        if tokens is not None:
+            tokens = tokens.to(device)
         start = cache.length if start is None else start
         length = positions.shape[1]
         cache.check_room(start + length)

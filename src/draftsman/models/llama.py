@@ -95,8 +95,9 @@ class LlamaModel(DecoderLM):
         return self.embed_tokens(tokens)
 
     def layer_context(self, positions: torch.Tensor):
-        if self._rope is None or self._rope.cos.dtype != self.dtype:
-            self._rope = RotaryTable(self.config, self._max_positions, self.dtype)
+        if (self._rope is None or self._rope.cos.dtype != self.dtype
+                or self._rope.cos.device != self.device):
+            self._rope = RotaryTable(self.config, self._max_positions, self.dtype, self.device)
         return self._rope.lookup(positions)
 
     @staticmethod

@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from draftsman.errors import DraftsmanError, IntegrityError, ModelNotFoundError
+from draftsman.errors import DraftsmanError, IntegrityError, ModelNotFoundError, UnsupportedError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.gpt2 import GPT2Model
@@ -60,8 +60,10 @@ def build_model(
     state: dict[str, torch.Tensor],
     dtype: torch.dtype,
     max_positions: int | None = None,
+    device: torch.device | None = None,
 ) -> DecoderLM:
-    """Instantiate the family's module and load a Hugging Face-named state dict into it."""
+    """Instantiate the family's module and load a Hugging Face-named state dict into it,
+    its weights on `device` (None: where `state` is, the CPU for files)."""
     cls = model_class(config)
     with torch.device("meta"):
         model = cls(config, max_positions)
@@ -76,7 +78,7 @@ def build_model(
             f"weights do not match the config: missing {sorted(missing)[:4]}, "
             f"unexpected {sorted(unexpected)[:4]}"
         )
-    ours = {k: v.to(dtype) for k, v in ours.items()}
+    ours = {k: v.to(device=device, dtype=dtype) for k, v in ours.items()}
     model.load_state_dict(ours, strict=False, assign=True)
     if config.family == "gpt2":
         model.lm_head.weight = model.wte.weight
@@ -88,7 +90,8 @@ def build_model(
 
 
 def load_model(
-    folder: str | Path, dtype: str | torch.dtype = "bf16", max_positions: int | None = None
+    folder: str | Path, dtype: str | torch.dtype = "bf16", max_positions: int | None = None,
+    device: torch.device | None = None,
 ) -> DecoderLM:
     folder = Path(folder)
     if not folder.is_dir():
@@ -96,6 +99,9 @@ def load_model(
     config = ModelConfig.from_folder(folder)
     dtype = parse_dtype(dtype)
     if dtype == INT8:
+        if device is not None and device.type != "cpu":
+            # its matmul is PyTorch's CPU int8 kernel (models/quantize.py)
+            raise UnsupportedError(f"--dtype int8 runs on the CPU only, not on {device}")
         model = build_model(config, read_safetensors(folder), torch.bfloat16, max_positions)
         return quantize_int8(model)
-    return build_model(config, read_safetensors(folder), dtype, max_positions)
+    return build_model(config, read_safetensors(folder), dtype, max_positions, device)

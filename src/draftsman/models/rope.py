@@ -72,13 +72,15 @@ def _yarn(
 class RotaryTable:
     """cos/sin for every position up to `max_positions`, computed once in float32."""
 
-    def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
+        """Computed on the CPU whatever `device`, so every device reads the same table."""
         inv_freq, scale = inverse_frequencies(config)
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [P, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
-        self.cos = (emb.cos() * scale).to(dtype)
-        self.sin = (emb.sin() * scale).to(dtype)
+        self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, 1, T, D] (broadcast over heads)."""

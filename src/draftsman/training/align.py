@@ -41,7 +41,9 @@ from typing import Any
 import torch
 
 from draftsman.bench.datasets import load_dataset
+from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
+from draftsman.device import TRAINING_ON_CPU, resolve_device
 from draftsman.engine import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from draftsman.errors import InvalidArgumentError
 from draftsman.store.resolve import resolve_model
@@ -167,7 +169,7 @@ def calibrate(cfg: AlignConfig, work: Path, progress: bool, say: Callable[[str],
         say(f"calibration settings changed: generating {work / CALIBRATION} again")
         (work / CALIBRATION).unlink(missing_ok=True)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    engine = load(cfg.target, dtype=cfg.gen_dtype)
+    engine = load(cfg.target, dtype=cfg.gen_dtype, device="cpu")
     tokenizer = engine.target.tokenizer
     prompts = chat_prompts(tokenizer, cfg.dataset, cfg.prompts, cfg.max_prompt_tokens,
                            cfg.chat)
@@ -290,10 +292,12 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
                         "calibration set made with the same settings is reused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_device_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    resolve_device(args.device, cpu_only=TRAINING_ON_CPU)
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {args.threads}")

@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from draftsman.bench.dataset_loaders import sharegpt_conversations
+from draftsman.cli.common import add_device_arg
+from draftsman.device import TRAINING_ON_CPU, resolve_device
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import DecoderLM
@@ -393,10 +395,12 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
                    help="stop after a checkpoint when this much training time has passed")
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_device_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    resolve_device(args.device, cpu_only=TRAINING_ON_CPU)
     if args.threads < 1:
         raise InvalidArgumentError("--threads must be >= 1")
     torch.set_num_threads(args.threads)

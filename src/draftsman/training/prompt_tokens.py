@@ -37,7 +37,9 @@ import torch
 from tqdm import tqdm
 
 from draftsman.bench.dataset_loaders import sharegpt_conversations
+from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
+from draftsman.device import TRAINING_ON_CPU, resolve_device
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.models.base import DecoderLM
 from draftsman.models.prompt_tokens import TREES_FILE, PromptTokens
@@ -385,10 +387,12 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
     p.add_argument("--no-progress", action="store_true")
+    add_device_arg(p)
     p.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    resolve_device(args.device, cpu_only=TRAINING_ON_CPU)
     torch.set_num_threads(args.threads)
     bundle = load_bundle(args.target, args.dtype)
     model, tok = bundle.model, bundle.tokenizer

@@ -42,11 +42,11 @@ def verify_sampling(
     p [γ + 1, V] target probabilities."""
     gamma = len(drafts)
     if gamma:
-        idx = torch.tensor(drafts)
-        rows = torch.arange(gamma)
+        idx = torch.tensor(drafts, device=p.device)
+        rows = torch.arange(gamma, device=p.device)
         p_x = p[rows, idx]
-        q_x = q[rows, idx] if q is not None else torch.ones(gamma)
-        u = sampler.uniform(gamma)
+        q_x = q[rows, idx] if q is not None else torch.ones(gamma, device=p.device)
+        u = sampler.uniform(gamma, device=p.device)
         # accept iff u < p/q, written without division: u * q < p
         rejected = (u * q_x >= p_x).nonzero()
         if rejected.numel():
