@@ -261,7 +261,7 @@ def resolve_exit_head(model: DecoderLM, folder: str | Path | None, layer: int,
     path = exit_head_file(folder, layer, spec)
     if path is None:
         return None
-    translator = load_translator(path, model).to(model.dtype)
+    translator = load_translator(path, model).to(device=model.device, dtype=model.dtype)
     if translator.config.layer != layer:
         raise InvalidArgumentError(f"{path} is an exit head for layer "
                                    f"{translator.config.layer}, not {layer}")
