@@ -14,6 +14,7 @@ import torch
 from draftsman.errors import DeviceError, UnsupportedError
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+DEVICE_HELP = "auto (default: the GPU when PyTorch sees one, else the CPU), cpu, cuda or cuda:N"
 # the training loops build their tensors on the CPU: `auto` trains there, a GPU is refused
 TRAINING_ON_CPU = "training runs on the CPU for now; use --device cpu (or auto)"
 _CUDA = re.compile(r"cuda(?::(\d+))?")

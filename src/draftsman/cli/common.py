@@ -1,4 +1,4 @@
-"""Helpers shared by the sub-command modules: comma-separated values and sub-command
+"""Helpers shared by the sub-command modules: comma-separated values, --device and sub-command
 registration.
 
 Every parser raises `InvalidArgumentError` naming the flag, so a bad value prints one line.
@@ -10,6 +10,7 @@ import argparse
 import importlib
 from collections.abc import Iterable
 
+from draftsman.device import DEVICE_HELP
 from draftsman.errors import InvalidArgumentError
 
 
@@ -68,6 +69,4 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
 
 def add_device_arg(parser: argparse.ArgumentParser) -> None:
     """`--device auto|cpu|cuda|cuda:N` (checked by draftsman.device.resolve_device)."""
-    parser.add_argument("--device", default="auto", metavar="DEVICE",
-                        help="auto (default: the GPU when PyTorch sees one, else the CPU), "
-                             "cpu, cuda or cuda:N")
+    parser.add_argument("--device", default="auto", metavar="DEVICE", help=DEVICE_HELP)

@@ -41,9 +41,8 @@ from typing import Any
 import torch
 
 from draftsman.bench.datasets import load_dataset
-from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
-from draftsman.device import TRAINING_ON_CPU, resolve_device
+from draftsman.device import DEVICE_HELP, TRAINING_ON_CPU, resolve_device
 from draftsman.engine import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from draftsman.errors import InvalidArgumentError
 from draftsman.store.resolve import resolve_model
@@ -292,7 +291,8 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
                         "calibration set made with the same settings is reused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_device_arg(p)
+    p.add_argument("--device", default="auto", metavar="DEVICE",
+                   help=DEVICE_HELP + "; training runs on the CPU for now")
     p.set_defaults(func=run)
 
 

@@ -46,8 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsman.bench.dataset_loaders import sharegpt_conversations
-from draftsman.cli.common import add_device_arg
-from draftsman.device import TRAINING_ON_CPU, resolve_device
+from draftsman.device import DEVICE_HELP, TRAINING_ON_CPU, resolve_device
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import DecoderLM
@@ -395,7 +394,8 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
                    help="stop after a checkpoint when this much training time has passed")
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_device_arg(p)
+    p.add_argument("--device", default="auto", metavar="DEVICE",
+                   help=DEVICE_HELP + "; training runs on the CPU for now")
     p.set_defaults(func=run)
 
 

@@ -37,9 +37,8 @@ import torch
 from tqdm import tqdm
 
 from draftsman.bench.dataset_loaders import sharegpt_conversations
-from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
-from draftsman.device import TRAINING_ON_CPU, resolve_device
+from draftsman.device import DEVICE_HELP, TRAINING_ON_CPU, resolve_device
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.models.base import DecoderLM
 from draftsman.models.prompt_tokens import TREES_FILE, PromptTokens
@@ -387,7 +386,8 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
     p.add_argument("--no-progress", action="store_true")
-    add_device_arg(p)
+    p.add_argument("--device", default="auto", metavar="DEVICE",
+                   help=DEVICE_HELP + "; training runs on the CPU for now")
     p.set_defaults(func=run_cli)
 
 
