@@ -49,10 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed runs per prompt and "
                                                              "method (default: 1)")
     p.add_argument("--peer", dest="peers", action="append", default=None,
-                   metavar="hf[:plain,assisted,prompt-lookup] | llama.cpp[:plain,speculative]",
+                   metavar="hf[:plain,assisted,prompt-lookup] | "
+                           "llama.cpp[:plain,speculative,lookup]",
                    help="also time Hugging Face transformers generate (hf = all three) or "
-                        "llama.cpp's own plain and speculative decoding on the same GGUF "
-                        "weights (llama.cpp = both); repeatable")
+                        "llama.cpp's own plain, speculative and lookup decoding on the same "
+                        "GGUF weights (llama.cpp = all three); repeatable")
     p.add_argument("--turns", choices=["first", "all"], default="first",
                    help="multi-turn prompts (MT-Bench): time the first turn or all turns")
     p.add_argument("--out", default=None,
