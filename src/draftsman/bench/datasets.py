@@ -46,6 +46,7 @@ from draftsman.errors import DraftsmanError, InvalidArgumentError, OfflineError
 
 __all__ = [
     "Prompt",
+    "workload",
     "DatasetInfo",
     "load_dataset",
     "list_datasets",
@@ -292,6 +293,21 @@ def load_dataset(
     raise InvalidArgumentError(
         f"unknown dataset '{raw}'; local: {_local_names()}; hub: {', '.join(_HUB)}"
     )
+
+
+# Where the answer repeats much of the prompt, so that guessing from it pays; later turns of
+# a conversation revise an earlier answer and count too.
+COPY_HEAVY = frozenset({"code-edit", "rag-qa", "grammar", "news-summarization", "news-qa",
+                        "cnn_dailymail", "xsum", "squad"})
+FREE_GENERATION = frozenset({"humaneval", "mt-bench", "sharegpt", "alpaca", "gsm8k"})
+
+
+def workload(dataset: str, turn: int = 1) -> str:
+    """"copy-heavy", "free generation" or "other" for a dataset's turn (1-based)."""
+    key = _key(dataset)
+    if key in {_key(n) for n in COPY_HEAVY} or (turn > 1 and key in FREE_GENERATION):
+        return "copy-heavy"
+    return "free generation" if key in FREE_GENERATION else "other"
 
 
 def list_datasets() -> list[DatasetInfo]:
