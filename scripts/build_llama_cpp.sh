@@ -4,6 +4,8 @@
 #   scripts/build_llama_cpp.sh .venv                            shared libraries (make setup)
 #   scripts/build_llama_cpp.sh .venv llama-speculative-simple   llama.cpp's own speculative
 #                                                               example (the benchmark peer)
+#   scripts/build_llama_cpp.sh .venv llama-lookup               its lookup (prompt n-gram)
+#                                                               example, the other peer
 # A stamp per target makes a repeated call a no-op.
 set -euo pipefail
 

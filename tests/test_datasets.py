@@ -23,6 +23,9 @@ LOCAL_COUNTS = {
     "news-summarization": 70,
     "news-translation": 70,
     "news-qa": 70,
+    "code-edit": 164,
+    "rag-qa": 70,
+    "grammar": 70,
 }
 
 

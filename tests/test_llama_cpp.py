@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import draftsman
-from draftsman.backends.llama_cpp import LlamaCppLM
+from draftsman.backends.llama_cpp import LlamaCppLM, install_dir
 from draftsman.bench.contestants import Sampling
-from draftsman.bench.peer_llama_cpp import LlamaCppPlainPeer
+from draftsman.bench.peer_llama_cpp import LOOKUP_BINARY, LlamaCppLookupPeer, LlamaCppPlainPeer
 from draftsman.errors import UnsupportedError
 from draftsman.models.base import LAST
 from draftsman.profiling import measure_latency
@@ -313,3 +313,22 @@ def test_fast_plain_peer_matches_our_fast_autoregressive(fast_pair):
                              fast_pair.target.tokenizer.eos_token_ids)
     out = peer.run(ids, Sampling(max_new_tokens=32), seed=0)
     assert out.token_ids == ref.token_ids
+
+
+@pytest.mark.skipif(not (install_dir() / "bin" / LOOKUP_BINARY).is_file(),
+                    reason="llama-lookup is not built (scripts/build_llama_cpp.sh)")
+def test_lookup_peer_real_run_matches_the_plain_loop(fast_pair):
+    """llama-lookup on the 1.5B: its printed text is parsed back to the plain loop's tokens
+    (a copy prompt, far from any tie), cut at the limit, with its acceptance recorded."""
+    tokenizer = fast_pair.target.tokenizer
+    ids = fast_pair.encode_prompt("Repeat exactly, nothing else: the quick brown fox jumps "
+                                  "over the lazy dog; the quick brown fox jumps over the lazy "
+                                  "dog.")
+    eos = tokenizer.eos_token_ids
+    plain = LlamaCppPlainPeer(resolve_gguf(TARGET), 2, eos).run(ids, Sampling(40), seed=0)
+    lookup = LlamaCppLookupPeer(resolve_gguf(TARGET), 2, tokenizer, eos)
+    out = lookup.run(ids, Sampling(40), seed=0)
+    assert out.token_ids == plain.token_ids and out.finish == plain.finish == "eos"
+    assert out.seconds > 0 and lookup.acceptance and lookup.acceptance[0] > 0.5
+    short = lookup.run(ids, Sampling(8), seed=0)
+    assert short.token_ids == plain.token_ids[:8] and short.finish == "length"

@@ -294,7 +294,7 @@ _HEADLINE_NOTE = (
 
 
 @dataclass(frozen=True)
-class _Article:
+class NewsArticle:
     collection: str
     file: str
     newid: str
@@ -325,7 +325,7 @@ class _Article:
         }
 
 
-def _articles() -> list[_Article]:
+def news_articles() -> list[NewsArticle]:
     root = data_sources.ensure("reuters")
     out = []
     for collection in _NEWS_COLLECTIONS:
@@ -342,7 +342,7 @@ def _articles() -> list[_Article]:
             if not title or not paragraphs:
                 raise DraftsmanError(f"{path}: missing <TITLE> or <BODY>")
             out.append(
-                _Article(
+                NewsArticle(
                     collection=collection,
                     file=f"{collection}/{path.name}",
                     newid=doc.get("NEWID", ""),
@@ -354,7 +354,7 @@ def _articles() -> list[_Article]:
     return out
 
 
-def _question(article: _Article) -> tuple[str, str]:
+def news_question(article: NewsArticle) -> tuple[str, str]:
     """(question, kind) for the QA prompt, built from the lead: "X said ..." asks what X said;
     otherwise a question about the article's main event."""
     m = _SAID.match(article.lead)
@@ -367,7 +367,7 @@ def _question(article: _Article) -> tuple[str, str]:
 
 
 def news_summarization() -> Iterator[Prompt]:
-    for a in _articles():
+    for a in news_articles():
         yield Prompt(
             id=a.id,
             dataset="news-summarization",
@@ -379,7 +379,7 @@ def news_summarization() -> Iterator[Prompt]:
 
 
 def news_translation() -> Iterator[Prompt]:
-    for a in _articles():
+    for a in news_articles():
         yield Prompt(
             id=a.id,
             dataset="news-translation",
@@ -396,8 +396,8 @@ def news_translation() -> Iterator[Prompt]:
 
 
 def news_qa() -> Iterator[Prompt]:
-    for a in _articles():
-        question, kind = _question(a)
+    for a in news_articles():
+        question, kind = news_question(a)
         yield Prompt(
             id=a.id,
             dataset="news-qa",

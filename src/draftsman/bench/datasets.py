@@ -1,9 +1,10 @@
 """Benchmark datasets by name: the registry over every dataset draftsman evaluates on.
 
 Local datasets (HumanEval, MT-Bench, ShareGPT, three Reuters news formats) are read by the
-loaders in `dataset_loaders`; any `.jsonl` file with a `prompt` field also loads. The original
-benchmark sets (CNN/DailyMail, XSum, SQuAD, WMT14, GSM8K, Alpaca) load through the Hugging
-Face `datasets` library when it is installed and the hub answers.
+loaders in `dataset_loaders`, the copy-heavy workloads built from them (code edits, RAG QA,
+grammar rewrites) by `copy_workloads`; any `.jsonl` file with a `prompt` field also loads.
+The original benchmark sets (CNN/DailyMail, XSum, SQuAD, WMT14, GSM8K, Alpaca) load through
+the Hugging Face `datasets` library when it is installed and the hub answers.
 
 Invariants:
 - `load_dataset` returns prompts in a fixed order (file order; news by collection, then file
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from draftsman.bench import data_sources
+from draftsman.bench.copy_workloads import code_edit, grammar, rag_qa
 from draftsman.bench.dataset_loaders import (
     QA_FORMAT,
     SUMMARIZATION_FORMAT,
@@ -44,6 +46,7 @@ from draftsman.errors import DraftsmanError, InvalidArgumentError, OfflineError
 
 __all__ = [
     "Prompt",
+    "workload",
     "DatasetInfo",
     "load_dataset",
     "list_datasets",
@@ -246,6 +249,19 @@ _LOCAL: dict[str, _LocalSet] = {
     "news-qa": _LocalSet(
         news_qa, "test", 70, "Reuters-21578 news, pipelined-decoding paper QA prompt; no reference"
     ),
+    "code-edit": _LocalSet(
+        code_edit, "test", 164,
+        "HumanEval programs with one edit (planted bug, type hints, docstring, rename, port); "
+        "answer = the whole changed function",
+    ),
+    "rag-qa": _LocalSet(
+        rag_qa, "test", 70,
+        "Reuters-21578 article pasted as a document; answer by quoting it; no reference",
+    ),
+    "grammar": _LocalSet(
+        grammar, "test", 70,
+        "Reuters-21578 opening paragraphs with 3 planted grammar errors; ref = the original",
+    ),
 }  # fmt: skip
 
 
@@ -277,6 +293,21 @@ def load_dataset(
     raise InvalidArgumentError(
         f"unknown dataset '{raw}'; local: {_local_names()}; hub: {', '.join(_HUB)}"
     )
+
+
+# Where the answer repeats much of the prompt, so that guessing from it pays; later turns of
+# a conversation revise an earlier answer and count too.
+COPY_HEAVY = frozenset({"code-edit", "rag-qa", "grammar", "news-summarization", "news-qa",
+                        "cnn_dailymail", "xsum", "squad"})
+FREE_GENERATION = frozenset({"humaneval", "mt-bench", "sharegpt", "alpaca", "gsm8k"})
+
+
+def workload(dataset: str, turn: int = 1) -> str:
+    """"copy-heavy", "free generation" or "other" for a dataset's turn (1-based)."""
+    key = _key(dataset)
+    if key in {_key(n) for n in COPY_HEAVY} or (turn > 1 and key in FREE_GENERATION):
+        return "copy-heavy"
+    return "free generation" if key in FREE_GENERATION else "other"
 
 
 def list_datasets() -> list[DatasetInfo]:

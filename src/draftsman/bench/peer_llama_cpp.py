@@ -1,4 +1,4 @@
-"""llama.cpp as a peer: its own plain decoding and its own speculative decoding, on the same
+"""llama.cpp as a peer: its own plain, speculative and lookup decoding, on the same
 GGUF files, prompt token ids, greedy settings and thread count as draftsman's llama.cpp
 backend.
 
@@ -8,8 +8,12 @@ backend.
   loop is driven here with the benchmark's threads; nothing else differs.
 - speculative: the `llama-speculative-simple` program (built on first use by
   scripts/build_llama_cpp.sh) with the same draft GGUF and llama.cpp's default draft
-  settings. Its time is what it reports for prompt processing plus decoding (model loading
-  is excluded, as for every contestant); its text is tokenized back to count tokens.
+  settings.
+- lookup: the `llama-lookup` program (built the same way): llama.cpp's prompt-lookup
+  decoding over n-grams of the prompt and of the text generated so far.
+
+The two programs' time is what they report for prompt processing plus decoding (model
+loading is excluded, as for every contestant); their text is tokenized back to count tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +32,9 @@ from draftsman.backends.llama_cpp import has_amx, install_dir, llama, model_para
 from draftsman.bench.contestants import Contestant, Outcome, Sampling, clip_new_tokens
 from draftsman.errors import BackendError, InvalidArgumentError
 
-VARIANTS = ("plain", "speculative")
+VARIANTS = ("plain", "speculative", "lookup")
 SPECULATIVE_BINARY = "llama-speculative-simple"
+LOOKUP_BINARY = "llama-lookup"
 _TIMING = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 
@@ -91,54 +97,117 @@ class LlamaCppPlainPeer(Contestant):
                        else "length")
 
 
-class LlamaCppSpeculativePeer(Contestant):
-    def __init__(self, target_gguf: Path, draft_gguf: Path, draft_name: str, threads: int,
-                 tokenizer: Any, eos: frozenset[int]) -> None:
-        super().__init__(label=label("speculative"), method="llama.cpp-speculative",
-                         kind="peer", exactness="exact", drafter=draft_name, options={})
-        self.program = ensure_binary(SPECULATIVE_BINARY)
-        self.target, self.draft = target_gguf, draft_gguf
+@dataclass(frozen=True)
+class ProgramRun:
+    """What one run of a llama.cpp example program reported."""
+
+    text: str  # the generated text, special-token pieces included, as the program printed it
+    encode_seconds: float
+    decode_seconds: float
+    decoded: int  # tokens it says it decoded (it may overshoot the limit)
+    acceptance: float | None
+
+
+def parse_program_output(program: str, stdout: str, stderr: str, prompt: str) -> ProgramRun:
+    """Split a run's output: it prints the prompt's pieces, then the new ones, on stdout,
+    and its timing and acceptance on stderr. Raises BackendError if a part is missing."""
+    found = _TIMING.findall(stderr + stdout)
+    timings = {kind: float(sec) for kind, _, sec in found}
+    if set(timings) != {"encoded", "decoded"}:
+        raise BackendError(f"{program}: no timing in its output")
+    decoded = next(int(n) for kind, n, _ in found if kind == "decoded")
+    start = stdout.find(prompt)
+    if start < 0:
+        raise BackendError(f"{program}: its output does not echo the prompt")
+    accept = _ACCEPT.findall(stderr + stdout)
+    # it ends its output with blank lines of its own
+    text = stdout[start + len(prompt):].rstrip("\n")
+    return ProgramRun(text, timings["encoded"], timings["decoded"], decoded,
+                      float(accept[-1]) / 100 if accept else None)
+
+
+class LlamaCppProgramPeer(Contestant):
+    """A llama.cpp example program run once per prompt on the same GGUF, threads and greedy
+    settings; its time is what it reports for prompt processing plus decoding."""
+
+    binary = ""
+
+    def __init__(self, variant: str, target_gguf: Path, threads: int, tokenizer: Any,
+                 eos: frozenset[int], drafter: str) -> None:
+        super().__init__(label=label(variant), method=f"llama.cpp-{variant}", kind="peer",
+                         exactness="exact", drafter=drafter, options={})
+        self.program = ensure_binary(self.binary)
+        self.target = target_gguf
         self.threads = threads
         self.tokenizer = tokenizer
         self.eos = eos
         self.acceptance: list[float] = []
 
+    def arguments(self, sampling: Sampling) -> list[str]:
+        """The program's own flags beyond the shared ones."""
+        raise NotImplementedError
+
     def run(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Outcome:
         _check_greedy(sampling)
         prompt = self.tokenizer.backend.decode(prompt_ids, skip_special_tokens=False)
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
-            f.write(prompt)
-            f.flush()
-            cmd = [str(self.program), "-m", str(self.target), "-md", str(self.draft),
-                   "-f", f.name, "-n", str(sampling.max_new_tokens), "--temp", "0",
-                   "-t", str(self.threads), "-td", str(self.threads), "-tb", str(self.threads),
+        with tempfile.TemporaryDirectory(prefix="draftsman-peer-") as tmp:
+            path = Path(tmp) / "prompt.txt"
+            # `-f` drops one trailing newline of the file: the extra one keeps the prompt whole
+            path.write_text(prompt + "\n", encoding="utf-8")
+            cmd = [str(self.program), "-m", str(self.target), "-f", str(path),
+                   "--temp", "0", "-t", str(self.threads), "-tb", str(self.threads),
                    "-c", str(len(prompt_ids) + sampling.max_new_tokens + 64), "--seed", "0",
-                   "--spec-type", "draft-simple"] + (["--no-repack"] if has_amx() else [])
-            r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+                   *self.arguments(sampling)] + (["--no-repack"] if has_amx() else [])
+            r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=tmp)
         if r.returncode != 0:
-            raise BackendError(f"{SPECULATIVE_BINARY} failed ({r.returncode}): "
+            raise BackendError(f"{self.binary} failed ({r.returncode}): "
                                f"{r.stderr.strip().splitlines()[-1:]}")
-        found = _TIMING.findall(r.stderr + r.stdout)
-        timings = {kind: float(sec) for kind, _, sec in found}
-        decoded = next((int(n) for kind, n, _ in found if kind == "decoded"), 0)
-        if set(timings) != {"encoded", "decoded"}:
-            raise BackendError(f"{SPECULATIVE_BINARY}: no timing in its output")
-        accept = _ACCEPT.findall(r.stderr + r.stdout)
-        if accept:
-            self.acceptance.append(float(accept[-1]) / 100)
-        # it echoes the prompt but its last token, then the new text
-        head = self.tokenizer.backend.decode(prompt_ids[:-1], skip_special_tokens=False)
-        start = r.stdout.find(head)
-        if start < 0:
-            raise BackendError(f"{SPECULATIVE_BINARY}: its output does not echo the prompt")
-        generated = r.stdout[start + len(head):]
-        ids = self.tokenizer.encode(generated.rstrip("\n"), special=False)
+        out = parse_program_output(self.binary, r.stdout, r.stderr, prompt)
+        if out.acceptance is not None:
+            self.acceptance.append(out.acceptance)
+        ids = self.tokenizer.encode(out.text, special=False)
         eos = self.tokenizer.backend.token_to_id(self.tokenizer.eos_token or "")
-        if len(ids) < decoded and decoded < sampling.max_new_tokens and eos is not None:
-            ids.append(eos)  # it stopped at end-of-generation, which it does not print
+        stopped = out.decoded < sampling.max_new_tokens and not any(t in self.eos for t in ids)
+        if stopped and len(ids) < out.decoded and eos is not None:
+            ids.append(eos)  # it stopped at end-of-generation without printing it
         new = clip_new_tokens(ids, self.eos, sampling.max_new_tokens)
-        return Outcome(new, timings["encoded"] + timings["decoded"], None, None,
+        return Outcome(new, out.encode_seconds + out.decode_seconds, None, None,
                        "eos" if new and new[-1] in self.eos else "length")
+
+
+class LlamaCppSpeculativePeer(LlamaCppProgramPeer):
+    """`llama-speculative-simple` with the draft GGUF and llama.cpp's default draft settings."""
+
+    binary = SPECULATIVE_BINARY
+
+    def __init__(self, target_gguf: Path, draft_gguf: Path, draft_name: str, threads: int,
+                 tokenizer: Any, eos: frozenset[int]) -> None:
+        super().__init__("speculative", target_gguf, threads, tokenizer, eos, draft_name)
+        self.draft = draft_gguf
+
+    def arguments(self, sampling: Sampling) -> list[str]:
+        return ["-md", str(self.draft), "-td", str(self.threads), "-n", _limit(sampling),
+                "--spec-type", "draft-simple"]
+
+
+class LlamaCppLookupPeer(LlamaCppProgramPeer):
+    """`llama-lookup`: prompt lookup over n-grams of the prompt and the text so far
+    (n-gram sizes 1-4, llama.cpp's default draft length), no cache kept between prompts."""
+
+    binary = LOOKUP_BINARY
+
+    def __init__(self, target_gguf: Path, threads: int, tokenizer: Any,
+                 eos: frozenset[int]) -> None:
+        super().__init__("lookup", target_gguf, threads, tokenizer, eos, "prompt-lookup")
+
+    def arguments(self, sampling: Sampling) -> list[str]:
+        return ["-n", _limit(sampling)]
+
+
+def _limit(sampling: Sampling) -> str:
+    """Both programs stop once they have *more* than -n tokens: n - 1 gets the n wanted
+    without one more forward (a last verify may still accept past it; that is clipped)."""
+    return str(max(sampling.max_new_tokens - 1, 1))
 
 
 def ensure_binary(name: str) -> Path:

@@ -29,7 +29,7 @@ PROMPT_LOOKUP_TOKENS = 10
 
 def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
     """(peer, variant) pairs. `hf` -> every hf variant, `hf:plain,assisted` -> those;
-    `llama.cpp` -> its plain and speculative decoding; `;` or repeated specs are merged."""
+    `llama.cpp` -> its plain, speculative and lookup decoding; `;` or repeated specs are merged."""
     known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
     out: list[tuple[str, str]] = []
     for spec in specs or []:

@@ -10,6 +10,13 @@ from dataclasses import dataclass
 # The speculative configuration the demo pits against autoregressive decoding and
 # transformers. One constant: change it here once measurements name a better one.
 BEST_SPECULATIVE = "speculative:draft=ngram,gamma=auto"  # best in bf16 here (README)
+# What the cpu preset times as the configuration users get: prompt lookup under the cost
+# model, until a method spec names "whatever generate would run".
+CPU_DEFAULT = "speculative:draft=prompt-lookup,gamma=auto"
+# Copy-heavy sets (the answer repeats much of the prompt) and free generation; mt-bench
+# is both: its second turns revise the first answer.
+COPY_HEAVY_SETS = ("code-edit", "rag-qa", "grammar", "news-summarization")
+FREE_SETS = ("humaneval", "mt-bench")
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,8 @@ class Preset:
     repeats: int = 1
     peers: tuple[str, ...] = ()
     backend: str = "torch"
+    turns: str = "first"
+    numerics: str = "fast"
 
 
 PRESETS: dict[str, Preset] = {
@@ -67,5 +76,25 @@ PRESETS: dict[str, Preset] = {
         max_new_tokens=128,
         peers=("llama.cpp",),
         backend="llama.cpp",
+    ),
+    "cpu": Preset(
+        "llama.cpp backend, fast numerics, greedy, 128 new tokens, all turns: the "
+        "configuration users get, prompt lookup with cost-chosen branches and the 0.5B draft "
+        "under the cost model against llama.cpp's own plain, lookup and speculative (0.5B) "
+        "decoding, on the copy-heavy sets (code-edit, rag-qa, grammar, news-summarization, "
+        "MT-Bench turn 2) and free generation (HumanEval, MT-Bench turn 1); first 2 prompts "
+        "each: 14 prompt turns x 7 contestants, about half an hour on a 2-core CPU",
+        methods=(
+            CPU_DEFAULT,
+            "speculative:draft=prompt-lookup,gamma=auto,branches=auto",
+            "speculative:gamma=auto",
+        ),
+        datasets=(*COPY_HEAVY_SETS, *FREE_SETS),
+        limit=2,
+        max_new_tokens=128,
+        peers=("llama.cpp:plain,lookup,speculative",),
+        backend="llama.cpp",
+        turns="all",
+        numerics="fast",
     ),
 }

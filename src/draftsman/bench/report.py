@@ -18,6 +18,7 @@ from draftsman.bench.controller_report import controller_plots, controller_table
 from draftsman.bench.metrics import MethodSummary, datasets_of, summarise
 from draftsman.bench.plots import make_plots
 from draftsman.bench.results import ResultsFile, Row, invocations
+from draftsman.bench.set_report import set_summaries, set_table
 from draftsman.bench.tables import CSS, Table, num, pct, table_html, table_md, times
 from draftsman.errors import InvalidArgumentError
 
@@ -113,25 +114,6 @@ def quality_table(summaries: list[MethodSummary], greedy: bool) -> Table:
                  rows, note)
 
 
-def dataset_table(rows: list[Row], baseline: str) -> Table | None:
-    names = datasets_of(rows)
-    if len(names) < 2:
-        return None
-    per = {d: {s.label: s for s in summarise([r for r in rows if r.get("dataset") == d],
-                                             baseline)} for d in names}
-    labels = list(dict.fromkeys(r["label"] for r in rows))
-    out = []
-    for label in labels:
-        line = [label]
-        for d in names:
-            s = per[d].get(label)
-            line += [num(s.tokens_per_second) if s else "—", times(s.speedup) if s else "—",
-                     num(s.alpha) if s else "—"]
-        out.append(line)
-    headers = ["method"] + [f"{d} {h}" for d in names for h in ("tok/s", "speedup", "α")]
-    return Table("Per dataset", headers, out)
-
-
 def tables(rows: list[Row], baseline: str = "autoregressive") -> tuple[list[MethodSummary],
                                                                          list[Table]]:
     summaries = summarise(rows, baseline)
@@ -139,7 +121,7 @@ def tables(rows: list[Row], baseline: str = "autoregressive") -> tuple[list[Meth
     out = [speed_table(summaries), time_table(summaries)]
     out += [t for t in (staged_table(summaries),) if t]
     out.append(quality_table(summaries, greedy))
-    out += [t for t in (dataset_table(rows, baseline),) if t]
+    out += [t for t in (set_table(rows, baseline),) if t]
     return summaries, out
 
 
@@ -214,7 +196,8 @@ def write_report(out: str | Path, rows: list[Row] | None = None,
     paths = {"summary": out / SUMMARY_MD, "json": out / SUMMARY_JSON, "html": out / REPORT_HTML}
     paths["summary"].write_text(render_md(rows, tbls, config, plots), encoding="utf-8")
     paths["json"].write_text(json.dumps({"context": dict(context(rows, config)),
-                                         "methods": [s.as_dict() for s in summaries]},
+                                         "methods": [s.as_dict() for s in summaries],
+                                         "sets": set_summaries(rows)},
                                         indent=1), encoding="utf-8")
     paths["html"].write_text(render_html(rows, tbls, config, plots), encoding="utf-8")
     for p in plots:

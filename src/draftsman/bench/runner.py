@@ -175,7 +175,11 @@ def llama_cpp_peers(engine: Any, config: BenchConfig, variants: list[str]) -> li
     """llama.cpp's own decoding on the GGUF files behind the target (and draft)."""
     if not variants:
         return []
-    from draftsman.bench.peer_llama_cpp import LlamaCppPlainPeer, LlamaCppSpeculativePeer
+    from draftsman.bench.peer_llama_cpp import (
+        LlamaCppLookupPeer,
+        LlamaCppPlainPeer,
+        LlamaCppSpeculativePeer,
+    )
 
     threads = config.threads or torch.get_num_threads()
     eos = engine.target.tokenizer.eos_token_ids
@@ -184,6 +188,8 @@ def llama_cpp_peers(engine: Any, config: BenchConfig, variants: list[str]) -> li
     for v in variants:
         if v == "plain":
             out.append(LlamaCppPlainPeer(target, threads, eos))
+        elif v == "lookup":
+            out.append(LlamaCppLookupPeer(target, threads, engine.target.tokenizer, eos))
         else:
             draft = config.draft if config.draft and not is_model_free(config.draft) \
                 else engine.default_draft()

@@ -18,7 +18,7 @@ from draftsman.errors import InvalidArgumentError
 
 DEFAULTS = dict(methods=["speculative"], datasets=["humaneval"], limit=5, max_new_tokens=128,
                 temperature=0.0, seed=0, repeats=1, peers=[], backend="torch",
-                numerics="fast")
+                numerics="fast", turns="first")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,19 +42,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", action="append", default=None, metavar="SPECS",
                    help="comma-separated method specs (repeatable; default: speculative)")
     p.add_argument("--dataset", dest="datasets", default=None, metavar="NAME[,NAME]",
-                   help="humaneval, mt-bench, sharegpt, news-summarization, news-translation, "
-                        "news-qa, or a .jsonl file (default: humaneval)")
+                   help="a name from --list-datasets (humaneval, mt-bench, code-edit, rag-qa, "
+                        "grammar, news-summarization, ...) or a .jsonl file "
+                        "(default: humaneval)")
+    p.add_argument("--list-datasets", action="store_true",
+                   help="print every named dataset (records, description) and exit")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each dataset "
                                                            "(default: 5)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per prompt and "
                                                              "method (default: 1)")
     p.add_argument("--peer", dest="peers", action="append", default=None,
-                   metavar="hf[:plain,assisted,prompt-lookup] | llama.cpp[:plain,speculative]",
+                   metavar="hf[:plain,assisted,prompt-lookup] | "
+                           "llama.cpp[:plain,speculative,lookup]",
                    help="also time Hugging Face transformers generate (hf = all three) or "
-                        "llama.cpp's own plain and speculative decoding on the same GGUF "
-                        "weights (llama.cpp = both); repeatable")
-    p.add_argument("--turns", choices=["first", "all"], default="first",
-                   help="multi-turn prompts (MT-Bench): time the first turn or all turns")
+                        "llama.cpp's own plain, speculative and lookup decoding on the same "
+                        "GGUF weights (llama.cpp = all three); repeatable")
+    p.add_argument("--turns", choices=["first", "all"], default=None,
+                   help="multi-turn prompts (MT-Bench): time the first turn or all turns "
+                        "(default: first)")
     p.add_argument("--out", default=None,
                    help="results folder (default: bench-results/<preset|run>-<time>)")
     p.add_argument("--resume", action="store_true",
@@ -78,10 +83,12 @@ def config_from_args(args: argparse.Namespace):
     if preset:
         values.update(methods=list(preset.methods), datasets=list(preset.datasets),
                       limit=preset.limit, max_new_tokens=preset.max_new_tokens,
-                      repeats=preset.repeats, peers=list(preset.peers), backend=preset.backend)
+                      repeats=preset.repeats, peers=list(preset.peers), backend=preset.backend,
+                      turns=preset.turns, numerics=preset.numerics)
     given = dict(methods=args.methods, limit=args.limit, max_new_tokens=args.max_new_tokens,
                  temperature=args.temperature, seed=args.seed, repeats=args.repeats,
                  peers=args.peers, backend=args.backend, numerics=args.numerics,
+                 turns=args.turns,
                  datasets=[d.strip() for d in args.datasets.split(",") if d.strip()]
                  if args.datasets else None)
     values.update({k: v for k, v in given.items() if v is not None})
@@ -91,7 +98,7 @@ def config_from_args(args: argparse.Namespace):
     return BenchConfig(
         target=args.target, draft=args.draft, dtype=args.dtype, threads=args.threads,
         device=args.device,
-        top_k=args.top_k, top_p=args.top_p, turns=args.turns, out=out,
+        top_k=args.top_k, top_p=args.top_p, out=out,
         resume=args.resume,
         warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
         command="draftsman " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "", **values)
@@ -104,6 +111,12 @@ def _interrupt(signum: int, frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     from draftsman.bench.report import compare, speed_table, write_report  # matplotlib
 
+    if args.list_datasets:
+        from draftsman.bench.datasets import list_datasets
+
+        for info in list_datasets():
+            print(f"{info.name:20} {info.records:>6}  {info.description}")
+        return 0
     if args.compare:
         print(compare(*args.compare))
         return 0
