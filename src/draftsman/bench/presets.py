@@ -7,10 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The speculative configuration the demo pits against autoregressive decoding and
-# transformers. One constant: change it here once measurements name a better one.
-BEST_SPECULATIVE = "speculative:draft=ngram,gamma=auto"  # best in bf16 here (README)
-
 
 @dataclass(frozen=True)
 class Preset:
@@ -26,13 +22,15 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "demo": Preset(
-        "a few HumanEval and MT-Bench prompts on the default pair: autoregressive vs the "
-        "best speculative configuration vs transformers (plain and assisted); a few minutes",
-        methods=(BEST_SPECULATIVE,),
+        "a few HumanEval and MT-Bench prompts on the default target: what `draftsman "
+        "generate` runs by default (--backend auto, --method default) vs autoregressive, "
+        "llama.cpp's own plain loop and transformers; a few minutes",
+        methods=("default",),
         datasets=("humaneval", "mt-bench"),
         limit=2,
         max_new_tokens=48,
-        peers=("hf:plain,assisted",),
+        peers=("llama.cpp:plain", "hf:plain"),
+        backend="auto",
     ),
     "speculative": Preset(
         "the speculative family's table: each drafter, fixed γ 1-7, every adaptive "
