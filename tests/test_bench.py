@@ -414,13 +414,13 @@ def test_compare_and_report_only(tmp_path, models, dataset):
 
 
 def test_cli_presets_and_overrides(monkeypatch):
-    from draftsman.bench.presets import BEST_SPECULATIVE
     from draftsman.cli.bench_cmd import config_from_args
     from draftsman.cli.main import build_parser
 
     parse = build_parser().parse_args
     cfg = config_from_args(parse(["bench", "--preset", "demo", "--max-new-tokens", "16"]))
-    assert cfg.methods == [BEST_SPECULATIVE] and cfg.max_new_tokens == 16
+    assert cfg.methods == ["default"] and cfg.max_new_tokens == 16
+    assert cfg.backend == "auto" and cfg.peers == ["llama.cpp:plain", "hf:plain"]
     assert cfg.datasets == ["humaneval", "mt-bench"] and cfg.peers
     cfg = config_from_args(parse(["bench", "--methods", "speculative:gamma=2",
                                   "--dataset", "humaneval,mt-bench", "--limit", "3"]))

@@ -233,6 +233,15 @@ def test_models_and_health(live, client):
     assert httpx.get(f"{live.url}/v1/models/other").status_code == 404
 
 
+def test_request_method_default_runs_what_generate_runs_by_default(engine, client):
+    ref = engine.generate("hello world", chat=False, temperature=0.0, max_new_tokens=12)
+    response = client.completions.create(model=NAME, prompt="hello world", max_tokens=12,
+                                         temperature=0,
+                                         extra_body={"draftsman": {"method": "default"}})
+    assert response.choices[0].text == ref.text
+    assert stats_of(response)["method"] == ref.method == engine.default_method().spec
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_equals_generate(engine, client, stream):
     ref = reference(engine, "hello world", max_new_tokens=40)

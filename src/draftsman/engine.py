@@ -9,13 +9,22 @@ The CLI, the server and the benchmark all go through `Engine.stream`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from draftsman.backends.choose import (
+    AUTO,
+    BACKENDS,
+    CHOICES,
+    DEFAULT_DTYPE,
+    BackendChoice,
+    Need,
+    choose_backend,
+)
 from draftsman.backends.llama_cpp import NUMERICS
 from draftsman.core import GenerationConfig, Stats, Step
 from draftsman.device import resolve_device
@@ -25,6 +34,7 @@ from draftsman.models.config import ModelConfig
 from draftsman.models.loader import INT8, load_model, parse_dtype
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.base import check_fits
+from draftsman.strategies.default_method import DEFAULT, DefaultChoice, resolve_default, split_spec
 from draftsman.text.stops import StopMatcher
 from draftsman.text.stream import TextStream
 from draftsman.text.tokenizer import Tokenizer, check_same_vocabulary
@@ -50,15 +60,12 @@ class LoadedModel:
         return bool(self.tokenizer.chat_template)
 
 
-BACKENDS = ("torch", "llama.cpp")
-
-
 def check_backend(backend: str, numerics: str) -> None:
     """Refuse an unknown backend or numerics mode before any model loads. The torch backend
     has one mode, "fast": batch-variant in bf16, exact in fp32, nothing to trade."""
     if backend not in BACKENDS:
         raise InvalidArgumentError(
-            f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+            f"unknown backend {backend!r}; choose from {', '.join(CHOICES)}")
     if numerics not in NUMERICS:
         raise InvalidArgumentError(
             f"unknown --numerics {numerics!r}; choose from {', '.join(NUMERICS)}")
@@ -77,6 +84,63 @@ def pick_device(device: str | torch.device | None, backend: str = "torch",
     if dtype == INT8:
         return resolve_device(device, cpu_only="--dtype int8 runs on the CPU only")
     return resolve_device(device)
+
+
+MethodSpec = tuple[str, Mapping[str, Any]]  # (method name, options)
+
+
+def has_gguf(spec: str) -> bool:
+    """Whether `spec` names a model with a GGUF file (a catalogue model, pulled here if it
+    is not yet, or a .gguf path)."""
+    from draftsman.store.catalogue import CATALOGUE
+    from draftsman.store.resolve import resolve_model
+    from draftsman.store.status import model_status
+
+    if spec in CATALOGUE:
+        resolve_model(spec)
+        return model_status(spec).has_gguf
+    return Path(spec).expanduser().suffix.lower() == ".gguf" and Path(spec).expanduser().is_file()
+
+
+def _llama_cpp_problem() -> str | None:
+    from draftsman.backends.llama_cpp import llama
+
+    try:
+        llama()
+    except DraftsmanError as exc:
+        return str(exc)
+    return None
+
+
+def pick_backend(target: str | Path, requested: str = AUTO, *, dtype: str = DEFAULT_DTYPE,
+                 draft: str | None = None, methods: Sequence[MethodSpec] = ()
+                 ) -> BackendChoice:
+    """Gather the facts `choose_backend` needs for `target` (and `draft`) running `methods`
+    (the `default` method runs on either backend, so it needs nothing)."""
+    from draftsman.backends.llama_cpp import LlamaCppLM
+    from draftsman.proposers.drafters import is_model_free
+    from draftsman.strategies.registry import method, method_options
+
+    if requested != AUTO:
+        return choose_backend(requested, llama_cpp=LlamaCppLM.capabilities, has_gguf=False,
+                              has_cuda=False)
+    needs: list[Need] = []
+    models = [str(target)] + ([draft] if draft and not is_model_free(draft) else [])
+    for name, options in methods:
+        if name == DEFAULT:
+            continue
+        parsed = method_options(name, options)
+        needs += [Need(name, cap, why) for cap, why in parsed.needs().items()]
+        for key in ("draft", "subdraft"):
+            value = getattr(parsed, key, None)
+            if value is None and key == "draft" and method(name).takes_draft:
+                value = DEFAULT_DRAFTS.get(str(target))
+            if value and not is_model_free(str(value)):
+                models.append(str(value))
+    return choose_backend(AUTO, llama_cpp=LlamaCppLM.capabilities, needs=needs,
+                          has_gguf=all(has_gguf(m) for m in models),
+                          has_cuda=torch.cuda.is_available(), dtype=dtype,
+                          llama_cpp_problem=_llama_cpp_problem)
 
 
 def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
@@ -174,12 +238,13 @@ class Result:
 class Engine:
     def __init__(self, target: LoadedModel, dtype: torch.dtype = torch.bfloat16,
                  backend: str = "torch", numerics: str = "fast",
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, backend_reason: str = "") -> None:
         self.target = target
         self.dtype = dtype
         self.backend = backend
         self.numerics = numerics
         self.device = device or torch.device("cpu")  # where every model of this engine lives
+        self.backend_reason = backend_reason  # why `backend` was chosen (--verbose)
         self._models: dict[str, LoadedModel] = {target.name: target}
 
     # ---- models -------------------------------------------------------------------
@@ -202,6 +267,27 @@ class Engine:
         if draft is None:
             raise InvalidArgumentError(f"no default draft for {self.target.name}; pass --draft")
         return draft
+
+    @property
+    def numerics_key(self) -> str:
+        """The number format timings depend on: llama.cpp's mode, or torch's dtype."""
+        if self.backend == "llama.cpp":
+            return self.numerics
+        return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(self.dtype, str(self.dtype))
+
+    def default_method(self) -> DefaultChoice:
+        """What `method="default"` runs here (strategies/default_method.py)."""
+        return resolve_default(self.target.name, self.backend, self.numerics_key)
+
+    def resolve_method(self, method: str, options: Mapping[str, Any]
+                       ) -> tuple[str, dict[str, Any], str]:
+        """(method, options, reason): `default` becomes its spec, with `options` over the
+        spec's own; any other method passes through with an empty reason."""
+        if method != DEFAULT:
+            return method, dict(options), ""
+        choice = self.default_method()
+        name, spec_options = split_spec(choice.spec)
+        return name, {**spec_options, **options}, f"{choice.spec}: {choice.reason}"
 
     # ---- prompts ------------------------------------------------------------------
     def encode_prompt(
@@ -232,7 +318,7 @@ class Engine:
         self,
         prompt: str | list[int] | list[dict[str, str]],
         *,
-        method: str = "autoregressive",
+        method: str = DEFAULT,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -242,7 +328,9 @@ class Engine:
         chat: bool | None = None,
         **options: Any,
     ) -> Request:
-        """Validate everything and load what the method needs, before any timed work."""
+        """Validate everything and load what the method needs, before any timed work.
+        `method="default"` runs what `default_method()` names."""
+        method, options, _ = self.resolve_method(method, options)
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
         config = GenerationConfig(max_new_tokens, sampling, self.target.tokenizer.eos_token_ids)
         strategy = self.strategy(method, options)
@@ -291,28 +379,50 @@ def load(
     target: str | Path = DEFAULT_TARGET,
     *,
     draft: str | None = None,
-    dtype: str = "bf16",
+    dtype: str = DEFAULT_DTYPE,
     threads: int | None = None,
-    backend: str = "torch",
+    backend: str = AUTO,
     numerics: str = "fast",
+    methods: Sequence[MethodSpec] = (),
     device: str | torch.device | None = "auto",
 ) -> Engine:
-    """Load `target` (and `draft`) once. `device`: auto (the GPU when torch sees one, else
-    the CPU), cpu, cuda or cuda:N; a GPU that is not there is a DeviceError."""
-    check_backend(backend, numerics)
-    placed = pick_device(device, backend, dtype)
-    if threads is not None:
-        if threads < 1:
-            raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+    """Load `target` (and `draft`) once. `backend="auto"` picks llama.cpp on a machine
+    without a CUDA GPU when the models have a GGUF, `dtype` is the default and llama.cpp
+    runs every one of `methods` ((name, options) pairs you mean to run; none: the default
+    method, which runs on both); else torch. `engine.backend_reason` says why. `device`:
+    auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N; a GPU that is
+    not there is a DeviceError."""
+    if backend not in CHOICES:
+        raise InvalidArgumentError(
+            f"unknown backend {backend!r}; choose from {', '.join(CHOICES)}")
+    if numerics not in NUMERICS:
+        raise InvalidArgumentError(
+            f"unknown --numerics {numerics!r}; choose from {', '.join(NUMERICS)}")
+    if threads is not None and threads < 1:
+        raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
     torch_dtype = parse_dtype(dtype)
-    engine = Engine(load_bundle(target, torch_dtype, backend, numerics, placed), torch_dtype,
-                    backend, numerics, placed)
+    choice = pick_backend(target, backend, dtype=str(dtype), draft=draft, methods=methods)
+    check_backend(choice.backend, numerics)
+    placed = pick_device(device, choice.backend, dtype)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    engine = Engine(load_bundle(target, torch_dtype, choice.backend, numerics, placed),
+                    torch_dtype, choice.backend, numerics, placed, choice.reason)
     if draft is not None:
         engine.model(draft)
     return engine
 
 
 def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = None,
-             dtype: str = "bf16", device: str = "auto", **kwargs: Any) -> Result:
-    return load(target, draft=draft, dtype=dtype, device=device).generate(prompt, **kwargs)
+             dtype: str = DEFAULT_DTYPE, backend: str = AUTO, device: str = "auto",
+             **kwargs: Any) -> Result:
+    method = kwargs.get("method", DEFAULT)
+    options = {k: v for k, v in kwargs.items() if k not in _PREPARE_KEYS}
+    engine = load(target, draft=draft, dtype=dtype, backend=backend, device=device,
+                  methods=[(method, options)])
+    return engine.generate(prompt, **kwargs)
+
+
+# Engine.prepare's own keywords; the rest of its keywords are method options
+_PREPARE_KEYS = frozenset({"method", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                           "stop", "chat"})

@@ -67,7 +67,8 @@ def clip_new_tokens(ids: list[int], eos: frozenset[int], max_new_tokens: int) ->
 class DraftsmanContestant(Contestant):
     """A registered strategy with its options, driven through `Engine.prepare` / `run`."""
 
-    def __init__(self, engine: Any, config: MethodConfig, default_draft: str | None) -> None:
+    def __init__(self, engine: Any, config: MethodConfig, default_draft: str | None,
+                 label: str | None = None) -> None:
         options = config.kwargs()
         self.engine = engine
         # --draft fills in the draft model of methods that declare one and were not given one
@@ -80,9 +81,10 @@ class DraftsmanContestant(Contestant):
         drafter = options.get("draft") or options.get("drafter")
         if drafter is None and getattr(strategy, "proposer", None) is not None:
             drafter = _default_draft_name(engine)
+        label = label or config.label
         super().__init__(
-            label=config.label, method=config.method,
-            kind="baseline" if config.method == BASELINE else "draftsman",
+            label=label, method=config.method,
+            kind="baseline" if label == BASELINE else "draftsman",
             exactness=getattr(strategy, "exactness", "exact"),
             drafter=display_name(drafter),
             options={k: v for k, v in config.options},

@@ -7,12 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The speculative configuration the demo pits against autoregressive decoding and
-# transformers. One constant: change it here once measurements name a better one.
-BEST_SPECULATIVE = "speculative:draft=ngram,gamma=auto"  # best in bf16 here (README)
-# What the cpu preset times as the configuration users get: prompt lookup under the cost
-# model, until a method spec names "whatever generate would run".
-CPU_DEFAULT = "speculative:draft=prompt-lookup,gamma=auto"
 # Copy-heavy sets (the answer repeats much of the prompt) and free generation; mt-bench
 # is both: its second turns revise the first answer.
 COPY_HEAVY_SETS = ("code-edit", "rag-qa", "grammar", "news-summarization")
@@ -35,13 +29,15 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "demo": Preset(
-        "a few HumanEval and MT-Bench prompts on the default pair: autoregressive vs the "
-        "best speculative configuration vs transformers (plain and assisted); a few minutes",
-        methods=(BEST_SPECULATIVE,),
+        "a few HumanEval and MT-Bench prompts on the default target: what `draftsman "
+        "generate` runs by default (--backend auto, --method default) vs autoregressive, "
+        "llama.cpp's own plain loop and transformers; a few minutes",
+        methods=("default",),
         datasets=("humaneval", "mt-bench"),
         limit=2,
         max_new_tokens=48,
-        peers=("hf:plain,assisted",),
+        peers=("llama.cpp:plain", "hf:plain"),
+        backend="auto",
     ),
     "speculative": Preset(
         "the speculative family's table: each drafter, fixed γ 1-7, every adaptive "
@@ -85,7 +81,7 @@ PRESETS: dict[str, Preset] = {
         "MT-Bench turn 2) and free generation (HumanEval, MT-Bench turn 1); first 2 prompts "
         "each: 14 prompt turns x 7 contestants, about half an hour on a 2-core CPU",
         methods=(
-            CPU_DEFAULT,
+            "default",
             "speculative:draft=prompt-lookup,gamma=auto,branches=auto",
             "speculative:gamma=auto",
         ),

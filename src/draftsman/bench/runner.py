@@ -20,13 +20,14 @@ import hashlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import draftsman
+from draftsman.backends.choose import AUTO
 from draftsman.bench.contestants import (
     Contestant,
     DraftsmanContestant,
@@ -56,13 +57,19 @@ from draftsman.bench.results import (
     reset_peak_rss,
     row_key,
 )
-from draftsman.bench.spec import BASELINE, parse_methods
+from draftsman.bench.spec import BASELINE, MethodConfig, parse_methods
 from draftsman.core import GenerationConfig
-from draftsman.engine import DEFAULT_TARGET
+from draftsman.engine import DEFAULT_TARGET, pick_backend
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
 from draftsman.proposers.drafters import is_model_free
 from draftsman.store.resolve import resolve_gguf
 from draftsman.strategies.base import check_fits
+from draftsman.strategies.default_method import (
+    DEFAULT,
+    measured_now,
+    recordable,
+    write_record,
+)
 
 
 @dataclass
@@ -82,7 +89,7 @@ class BenchConfig:
     out: str = "bench-results"
     threads: int | None = None
     dtype: str = "bf16"
-    backend: str = "torch"
+    backend: str = "auto"  # resolved before anything is measured (backends/choose.py)
     numerics: str = "fast"  # llama.cpp's feeding mode (backends/llama_cpp.py)
     device: str = "auto"  # auto, cpu, cuda[:N]; the device used is in the run's environment
     resume: bool = False
@@ -148,8 +155,15 @@ def load_prompts(config: BenchConfig) -> list[Prompt]:
 
 def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
     draft = config.draft
-    contestants: list[Contestant] = [DraftsmanContestant(engine, m, draft)
-                                     for m in parse_methods(config.methods)]
+    contestants: list[Contestant] = []
+    for m in parse_methods(config.methods):
+        if m.method == DEFAULT:  # what `draftsman generate` would run on this engine
+            name, options, _ = engine.resolve_method(DEFAULT, {})
+            resolved = MethodConfig(name, tuple((k, str(v)) for k, v in options.items()))
+            contestants.append(DraftsmanContestant(engine, resolved, draft,
+                                                   label=f"{DEFAULT} ({resolved.label})"))
+        else:
+            contestants.append(DraftsmanContestant(engine, m, draft))
     peers = parse_peers(config.peers)
     variants = [v for peer, v in peers if peer == "hf"]
     contestants += llama_cpp_peers(engine, config, [v for peer, v in peers
@@ -208,8 +222,11 @@ class Bench:
     def __init__(self, config: BenchConfig, engine: Any | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         config.validate()
-        self.config = config
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        if config.backend == AUTO:
+            chosen = engine.backend if engine is not None else self._choose_backend(config)
+            config = replace(config, backend=chosen)
+        self.config = config
         self.out = Path(config.out)
         self.results = ResultsFile(self.out)
         self.settings = config.settings()
@@ -240,6 +257,15 @@ class Bench:
         for row in self.existing:
             self._remember(row)
         self.skipped: list[str] = []
+
+    def _choose_backend(self, config: BenchConfig) -> str:
+        """auto: a backend every method of the run (and the draft) can use."""
+        methods = [(m.method, m.kwargs()) for m in parse_methods(config.methods)]
+        draft = None if is_model_free(config.draft) else config.draft
+        choice = pick_backend(config.target, AUTO, dtype=config.dtype, draft=draft,
+                              methods=methods)
+        self.log(f"bench: backend {choice.backend} ({choice.reason})")
+        return choice.backend
 
     # ---- bookkeeping ------------------------------------------------------------------
     def _remember(self, row: Row) -> None:
@@ -402,7 +428,41 @@ def run_bench(config: BenchConfig, engine: Any | None = None,
     from draftsman.bench.report import write_report
 
     bench = Bench(config, engine, log)
-    record_invocation(Path(config.out), asdict(config))
+    record_invocation(Path(bench.config.out), asdict(bench.config))
     result = bench.run()
-    result.paths = write_report(result.out, result.rows, asdict(config))
+    result.paths = write_report(result.out, result.rows, asdict(bench.config))
+    record_fastest(bench.config, bench.engine, result.rows, bench.log)
     return result
+
+
+def fastest_exact(rows: list[Row]) -> tuple[str, float] | None:
+    """(spec, tokens/s) of the exact draftsman configuration with the best overall tokens/s
+    (all its tokens over all its seconds), or None when no row qualifies."""
+    totals: dict[str, list[float]] = {}
+    for row in rows:
+        if row.get("kind") not in ("baseline", "draftsman") or row.get("exactness") != "exact":
+            continue
+        spec = MethodConfig(row["method"], tuple((row.get("options") or {}).items())).label
+        tokens_seconds = totals.setdefault(spec, [0.0, 0.0])
+        tokens_seconds[0] += row["new_tokens"]
+        tokens_seconds[1] += row["seconds"]
+    speeds = {spec: t / s for spec, (t, s) in totals.items() if s > 0}
+    if not speeds:
+        return None
+    best = max(speeds, key=lambda spec: speeds[spec])
+    return best, speeds[best]
+
+
+def record_fastest(config: BenchConfig, engine: Any, rows: list[Row],
+                   log: Callable[[str], None]) -> None:
+    """After a greedy run on a catalogue target: remember its fastest exact configuration as
+    this machine's `default` method for the target, backend and numerics."""
+    if config.temperature != 0 or not recordable(config.target):
+        return
+    best = fastest_exact(rows)
+    if best is None:
+        return
+    spec, speed = best
+    write_record(measured_now(config.target, engine.backend, engine.numerics_key, spec, speed))
+    log(f"bench: default method for {config.target} on {engine.backend} here is now {spec} "
+        f"({speed:.1f} tok/s)")

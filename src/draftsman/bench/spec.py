@@ -20,6 +20,9 @@ Sweeps inside a value expand one spec into several configurations:
 Several swept options expand to their Cartesian product, the first written option varying
 slowest. A range yields at most `MAX_RANGE` values.
 
+``default`` (no options) stands for what `draftsman generate` runs by default; the runner
+resolves it once the engine is loaded (strategies/default_method.py).
+
 Invariant: a `MethodConfig`'s label is its canonical spec text (name, then ``:`` and the
 options in written order), so labels are unique per configuration and parse back to it.
 """
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from draftsman.errors import InvalidArgumentError
+from draftsman.strategies.default_method import DEFAULT
 from draftsman.strategies.registry import method_options
 
 BASELINE = "autoregressive"
@@ -156,6 +160,11 @@ def parse_spec(spec: str) -> list[MethodConfig]:
             raise InvalidArgumentError(f"option {key!r} given twice in {spec!r}")
         keys.append(key)
         choices.append(expand_value(value.strip()))
+    if name == DEFAULT:
+        if keys:
+            raise InvalidArgumentError(f"{DEFAULT} takes no options in {spec!r}: it times "
+                                       "what `draftsman generate` runs by default")
+        return [MethodConfig(DEFAULT)]
     configs = [MethodConfig(name, tuple(zip(keys, combo, strict=True)))
                for combo in itertools.product(*choices)]
     for config in configs:

@@ -17,7 +17,7 @@ from draftsman.cli.generate_cmd import add_model_args, add_sampling_args
 from draftsman.errors import InvalidArgumentError
 
 DEFAULTS = dict(methods=["speculative"], datasets=["humaneval"], limit=5, max_new_tokens=128,
-                temperature=0.0, seed=0, repeats=1, peers=[], backend="torch",
+                temperature=0.0, seed=0, repeats=1, peers=[], backend="auto",
                 numerics="fast", turns="first")
 
 

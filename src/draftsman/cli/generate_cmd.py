@@ -8,12 +8,14 @@ import sys
 import time
 
 import draftsman
+from draftsman.backends.choose import AUTO, CHOICES
 from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import registry
+from draftsman.strategies.default_method import DEFAULT, DEFAULT_METHOD, TORCH_DEFAULT_METHOD
 from draftsman.strategies.options import help_lines
 from draftsman.strategies.registry import METHODS
 
@@ -23,16 +25,24 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="catalogue name, model folder, .gguf file or hf:owner/name "
                              f"(default: {DEFAULT_TARGET})")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "int8"],
-                        help="weights: bf16 (default), fp32, or int8 weight-only (bf16 "
-                             "activations; a quantised model, compare int8 with int8)")
+                        help="torch weights: bf16 (default), fp32, or int8 weight-only (bf16 "
+                             "activations; a quantised model, compare int8 with int8); fp32 "
+                             "or int8 also make --backend auto choose torch")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for PyTorch / llama.cpp (default: all cores)")
-    parser.add_argument("--backend", default="torch", choices=["torch", "llama.cpp"],
-                        help="torch: our PyTorch models in --dtype (default); llama.cpp: the "
-                             "model's GGUF on llama.cpp's quantised kernels (catalogue names "
-                             "and .gguf files; --dtype is ignored)")
+    parser.add_argument("--backend", default=AUTO, choices=list(CHOICES),
+                        help="auto (default): llama.cpp on a machine without a CUDA GPU when "
+                             "the model has a GGUF and the method runs there, else torch "
+                             "(--verbose says which and why); torch: our PyTorch models in "
+                             "--dtype; llama.cpp: the model's GGUF on llama.cpp's quantised "
+                             "kernels (catalogue names and .gguf files; --dtype is ignored)")
     add_numerics_arg(parser)
     add_device_arg(parser)
+
+
+def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="say which backend and default method were chosen, and why")
 
 
 def add_numerics_arg(parser: argparse.ArgumentParser) -> None:
@@ -45,9 +55,12 @@ def add_numerics_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--method", default="autoregressive",
-                        help=" | ".join(METHODS) + " (default: autoregressive; "
-                             "--help-options lists a method's options)")
+    parser.add_argument("--method", default=DEFAULT,
+                        help=" | ".join([DEFAULT, *METHODS]) + " (default: default, the "
+                             "fastest exact configuration `draftsman bench` measured on this "
+                             "machine for the target and backend, else "
+                             f"{DEFAULT_METHOD} on llama.cpp and {TORCH_DEFAULT_METHOD} on "
+                             "torch; --help-options lists a method's options)")
     parser.add_argument("--draft", default=None,
                         help="draft model (name/path), or ngram / prompt-lookup "
                              "(speculative); middle model (staged)")
@@ -67,6 +80,10 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
 
 def print_method_options(method: str) -> None:
     """`--help-options`: the declaration of `method`'s options, one entry per option."""
+    if method == DEFAULT:
+        print(f"--method {DEFAULT} runs a spec chosen at start-up (--verbose names it); the "
+              "options of that method apply")
+        return
     lines = help_lines(registry.method(method).options)
     print(f"options of --method {method}" + (":" if lines else ": none"))
     for line in lines:
@@ -107,6 +124,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "Exact methods produce the same text as autoregressive decoding.")
     p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
     add_model_args(p)
+    add_verbose_arg(p)
     add_method_args(p)
     add_sampling_args(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -120,6 +138,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
+    """--verbose: the backend and the default method taken, and why, on stderr."""
+    print(f"backend: {engine.backend} ({engine.backend_reason})", file=sys.stderr)
+    if default_why:
+        print(f"method: default -> {default_why}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.help_options:
         print_method_options(args.method)
@@ -131,12 +156,17 @@ def run(args: argparse.Namespace) -> int:
     SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     GenerationConfig(args.max_new_tokens)
     options = method_options(args)
-    registry.method_options(args.method, options)
-    kwargs = dict(method=args.method, max_new_tokens=args.max_new_tokens,
+    if args.method != DEFAULT:
+        registry.method_options(args.method, options)
+    engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
+                            backend=args.backend, numerics=args.numerics, device=args.device,
+                            methods=[(args.method, options)])
+    method, options, why = engine.resolve_method(args.method, options)
+    if args.verbose:
+        report_choices(engine, why)
+    kwargs = dict(method=method, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, stop=args.stop, chat=args.chat, **options)
-    engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
-                            backend=args.backend, numerics=args.numerics, device=args.device)
     if args.stream and not args.json:
         request = engine.prepare(prompt, **kwargs)
         t0 = time.perf_counter()

@@ -1,8 +1,10 @@
 """`draftsman serve`: an OpenAI-compatible HTTP server, acceleration on by default.
 
-Models load once, before the port opens. Without `--method`, the server uses speculative
-decoding: with `--draft` when given, else the catalogue's default draft for the target, else
-the prompt-lookup drafter (free, exact). SIGINT / SIGTERM stop accepting connections, let
+Models load once, before the port opens. Without `--method`, the server runs the default
+method (strategies/default_method.py) when this machine has a bench record for the target or
+the backend is llama.cpp; otherwise speculative decoding on torch: with `--draft` when given,
+else the catalogue's default draft for the target, else the prompt-lookup drafter (free,
+exact). SIGINT / SIGTERM stop accepting connections, let
 in-flight requests finish for up to `--shutdown-timeout` seconds, cancel the rest at their
 next step, and exit with status 0 (a second Ctrl-C exits at once).
 """
@@ -21,13 +23,16 @@ import draftsman
 from draftsman.cli.generate_cmd import (
     add_method_args,
     add_model_args,
+    add_verbose_arg,
     method_options,
     print_method_options,
+    report_choices,
 )
 from draftsman.engine import DEFAULT_DRAFTS
 from draftsman.errors import InvalidArgumentError
 from draftsman.proposers.drafters import is_model_free
 from draftsman.strategies import registry
+from draftsman.strategies.default_method import DEFAULT
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,12 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "method with the extension object \"draftsman\": {\"method\": ..., "
                     "options...}; the flags below set the default.")
     add_model_args(p)
+    add_verbose_arg(p)
     add_method_args(p)
     p.set_defaults(method=None)
     for action in p._actions:  # the server's default differs from `generate`'s
         if action.dest == "method":
-            action.help = ("default method of requests that name none (default: speculative "
-                           "with --draft, the catalogue draft, or prompt-lookup)")
+            action.help = ("default method of requests that name none (default: the fastest "
+                           "exact configuration `draftsman bench` measured here, the built-in "
+                           "default on llama.cpp, else speculative with --draft, the "
+                           "catalogue draft, or prompt-lookup on torch)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--served-model-name", default=None,
@@ -110,10 +118,20 @@ def build_app(args: argparse.Namespace):
 
     catalogue_draft = DEFAULT_DRAFTS.get(args.target)
     method, options = default_method(args, catalogue_draft)
-    registry.method_options(method, options)  # a bad option fails before any model loads
+    if method != DEFAULT:
+        registry.method_options(method, options)  # a bad option fails before any model loads
     drafts = resident_drafts(args, catalogue_draft)
+    # without --method the backend is chosen for the default method, not the torch fallback
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
-                            backend=args.backend, numerics=args.numerics, device=args.device)
+                            backend=args.backend, numerics=args.numerics, device=args.device,
+                            methods=[(method, options)] if args.method else [])
+    why = ""
+    if args.method is None and (engine.backend != "torch" or engine.default_method().measured):
+        method, options, why = engine.resolve_method(DEFAULT, method_options(args))
+    elif method == DEFAULT:
+        method, options, why = engine.resolve_method(method, options)
+    if args.verbose:
+        report_choices(engine, why)
     for spec in drafts:
         engine.model(spec)
     main_draft = drafts[0] if drafts and drafts[0] != args.subdraft else None

@@ -57,6 +57,7 @@ from draftsman.server.schemas import (
     usage_chunk,
 )
 from draftsman.server.worker import Finished, Job, Scheduler, Tally, pin_models
+from draftsman.strategies.default_method import DEFAULT
 from draftsman.strategies.options import OptionError
 from draftsman.strategies.registry import METHODS, method_options
 
@@ -150,6 +151,8 @@ class Server:
         method = ext.method if ext and ext.method else self.settings.method
         if method == self.settings.method:
             return method, {**self.settings.options, **requested}
+        if method == DEFAULT:  # what `draftsman generate` runs by default on this engine
+            method, requested, _ = self.engine.resolve_method(DEFAULT, requested)
         return method, requested
 
     def max_new_tokens(self, body: CompletionRequest | ChatCompletionRequest,

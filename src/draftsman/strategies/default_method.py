@@ -1,0 +1,141 @@
+"""`--method default`: the fastest exact configuration this machine measured, else a constant.
+
+`draftsman bench` records, at the end of a greedy run, the exact draftsman configuration with
+the best overall tokens/s, keyed by (CPU model, target, backend, numerics), in
+`$DRAFTSMAN_HOME/default-methods.json`. `default` resolves to that record when one matches
+this machine, target, backend and numerics, else to the built-in default of the backend.
+
+Invariants: a record only ever names an exact method (the bench writes no other); a missing,
+unreadable or corrupt file is ignored with a warning and never stops generation; only
+catalogue targets are recorded (a path's contents can change under the same name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from draftsman.hardware import cpu_model
+from draftsman.store.catalogue import CATALOGUE
+from draftsman.store.home import draftsman_home
+
+DEFAULT = "default"
+# The built-in defaults when nothing was measured: on llama.cpp the free prompt-lookup
+# drafter with the cost-model γ (it decodes plainly where guesses do not pay); on torch
+# plain decoding, as before backends were chosen automatically.
+DEFAULT_METHOD = "speculative:draft=prompt-lookup,gamma=auto"
+TORCH_DEFAULT_METHOD = "autoregressive"
+RECORD_FILE = "default-methods.json"
+VERSION = 1
+
+Warn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One record: on `cpu`, for `target` on `backend`/`numerics`, `spec` ran fastest."""
+
+    cpu: str
+    target: str
+    backend: str
+    numerics: str
+    spec: str
+    tokens_per_second: float
+    measured_at: str = ""
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.cpu, self.target, self.backend, self.numerics)
+
+
+@dataclass(frozen=True)
+class DefaultChoice:
+    spec: str  # a method spec: NAME[:KEY=VALUE,...]
+    reason: str  # one line for --verbose
+    measured: bool  # from this machine's record, not the built-in constant
+
+
+def _stderr(message: str) -> None:
+    print(f"draftsman: warning: {message}", file=sys.stderr)
+
+
+def record_path() -> Path:
+    return draftsman_home() / RECORD_FILE
+
+
+def builtin_default(backend: str) -> str:
+    return DEFAULT_METHOD if backend == "llama.cpp" else TORCH_DEFAULT_METHOD
+
+
+def split_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """'speculative:draft=ngram,gamma=auto' -> ('speculative', {'draft': 'ngram', ...}).
+    One configuration only (no sweeps); values stay strings for the options parser."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, str] = {}
+    for item in (s.strip() for s in rest.split(",")):
+        if item:
+            key, _, value = item.partition("=")
+            options[key.strip().replace("-", "_")] = value.strip()
+    return name.strip(), options
+
+
+def read_records(path: Path | None = None, warn: Warn = _stderr) -> list[Measured]:
+    """Every record in the file; [] (with a warning) when it is unreadable or malformed."""
+    path = path or record_path()
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != VERSION:
+            raise ValueError(f"version {data.get('version')!r}, expected {VERSION}")
+        return [Measured(**entry) for entry in data["records"]]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        warn(f"ignoring {path} ({exc}); the next greedy `draftsman bench` rewrites it")
+        return []
+
+
+def lookup(target: str, backend: str, numerics: str, *, cpu: str | None = None,
+           path: Path | None = None, warn: Warn = _stderr) -> Measured | None:
+    key = (cpu or cpu_model(), target, backend, numerics)
+    return next((r for r in read_records(path, warn) if r.key() == key), None)
+
+
+def resolve_default(target: str, backend: str, numerics: str, *, cpu: str | None = None,
+                    path: Path | None = None, warn: Warn = _stderr) -> DefaultChoice:
+    """What `default` stands for on this machine, target, backend and numerics."""
+    record = lookup(target, backend, numerics, cpu=cpu, path=path, warn=warn)
+    if record is not None:
+        when = f" on {record.measured_at}" if record.measured_at else ""
+        return DefaultChoice(record.spec, f"measured fastest here by draftsman bench{when} "
+                                          f"({record.tokens_per_second:.1f} tok/s)", True)
+    return DefaultChoice(builtin_default(backend),
+                         f"built-in default for {backend} (no draftsman bench record for "
+                         f"{target} on this machine)", False)
+
+
+def recordable(target: str) -> bool:
+    return target in CATALOGUE
+
+
+def write_record(record: Measured, path: Path | None = None, warn: Warn = _stderr) -> Path:
+    """Add `record`, replacing any with the same key; atomic (write, then rename)."""
+    path = path or record_path()
+    records = [r for r in read_records(path, warn) if r.key() != record.key()]
+    records.append(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    payload: dict[str, Any] = {"version": VERSION, "records": [asdict(r) for r in records]}
+    tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def measured_now(target: str, backend: str, numerics: str, spec: str,
+                 tokens_per_second: float) -> Measured:
+    return Measured(cpu_model(), target, backend, numerics, spec, tokens_per_second,
+                    time.strftime("%Y-%m-%d"))

@@ -1,0 +1,215 @@
+"""`--backend auto` and `--method default`: the choice function's table, the measured-default
+record, `--methods default` in the bench, and plain `generate` on a tiny (GGUF-less) model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_bench import tiny_model
+
+import draftsman
+from draftsman.backends.choose import Need, choose_backend
+from draftsman.backends.llama_cpp import LlamaCppLM
+from draftsman.bench.runner import BenchConfig, fastest_exact, record_fastest, run_bench
+from draftsman.bench.spec import parse_methods
+from draftsman.cli.main import main
+from draftsman.errors import InvalidArgumentError
+from draftsman.strategies import default_method as dm
+
+CAPS = LlamaCppLM.capabilities
+EMBEDS = Need("parallel-prompt", "input_embeddings", "prompt-token embeddings")
+FACTS = dict(llama_cpp=CAPS, has_gguf=True, has_cuda=False)
+
+
+def never_called() -> str | None:
+    raise AssertionError("the bindings were probed although another condition decided")
+
+
+@pytest.mark.parametrize("requested, facts, backend, reason", [
+    ("auto", {}, "llama.cpp", "no CUDA GPU"),
+    ("auto", dict(has_gguf=False, llama_cpp_problem=never_called), "torch", "no GGUF"),
+    ("auto", dict(has_cuda=True, llama_cpp_problem=never_called), "torch", "CUDA GPU"),
+    ("auto", dict(needs=[EMBEDS], llama_cpp_problem=never_called), "torch",
+     "parallel-prompt needs prompt-token embeddings, which llama.cpp does not expose"),
+    ("auto", dict(needs=[Need("speculative", "device", "a device")]), "llama.cpp", ""),
+    ("auto", dict(llama_cpp_problem=lambda: "libllama.so missing"), "torch",
+     "bindings do not load: libllama.so missing"),
+    ("auto", dict(dtype="fp32", llama_cpp_problem=never_called), "torch", "--dtype fp32"),
+    ("torch", {}, "torch", "asked for"),
+    ("llama.cpp", dict(has_gguf=False, has_cuda=True, needs=[EMBEDS]), "llama.cpp",
+     "asked for"),
+])
+def test_choice_table(requested, facts, backend, reason):
+    choice = choose_backend(requested, **{**FACTS, **facts})
+    assert choice.backend == backend
+    assert reason in choice.reason
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(InvalidArgumentError, match="unknown backend 'cuda'"):
+        choose_backend("cuda", **FACTS)
+
+
+# ---- the measured-default record -----------------------------------------------------------
+
+def record(**kw) -> dm.Measured:
+    base = dict(cpu="CPU-A", target="tgt", backend="llama.cpp", numerics="fast",
+                spec="speculative:draft=ngram,gamma=3", tokens_per_second=30.0)
+    return dm.Measured(**{**base, **kw})
+
+
+def test_record_round_trip_and_keys(tmp_path):
+    path = tmp_path / "d.json"
+    dm.write_record(record(), path)
+    dm.write_record(record(target="other", spec="autoregressive"), path)
+    dm.write_record(record(spec="speculative:draft=prompt-lookup,gamma=2"), path)  # replaces
+    assert len(dm.read_records(path)) == 2
+    got = dm.resolve_default("tgt", "llama.cpp", "fast", cpu="CPU-A", path=path)
+    assert got.measured and got.spec == "speculative:draft=prompt-lookup,gamma=2"
+    assert "30.0 tok/s" in got.reason
+    for other in (dict(cpu="CPU-B"), dict(target="nope")):
+        args = {"target": "tgt", "cpu": "CPU-A", **other}
+        miss = dm.resolve_default(args["target"], "llama.cpp", "fast", cpu=args["cpu"],
+                                  path=path)
+        assert not miss.measured and miss.spec == dm.DEFAULT_METHOD
+    assert dm.resolve_default("tgt", "llama.cpp", "bitwise", cpu="CPU-A",
+                              path=path).spec == dm.DEFAULT_METHOD
+    torch_default = dm.resolve_default("tgt", "torch", "bf16", cpu="CPU-A", path=path)
+    assert torch_default.spec == dm.TORCH_DEFAULT_METHOD
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": 1, "records": [{"cpu": 1}]}',
+                                     '{"version": 99, "records": []}', "[1, 2]"])
+def test_corrupt_record_is_ignored_with_a_warning(tmp_path, content):
+    path = tmp_path / "d.json"
+    path.write_text(content)
+    warnings: list[str] = []
+    got = dm.resolve_default("tgt", "llama.cpp", "fast", cpu="CPU-A", path=path,
+                             warn=warnings.append)
+    assert got.spec == dm.DEFAULT_METHOD and not got.measured
+    assert len(warnings) == 1 and str(path) in warnings[0]
+    dm.write_record(record(), path, warn=warnings.append)  # a rewrite repairs it
+    assert dm.lookup("tgt", "llama.cpp", "fast", cpu="CPU-A", path=path) == record()
+
+
+def test_split_spec():
+    assert dm.split_spec("speculative:draft=prompt-lookup,gamma=auto") == (
+        "speculative", {"draft": "prompt-lookup", "gamma": "auto"})
+    assert dm.split_spec("autoregressive") == ("autoregressive", {})
+
+
+# ---- the bench ------------------------------------------------------------------------------
+
+def test_methods_default_parses_without_options():
+    assert [c.label for c in parse_methods("default,speculative:gamma=2")] == [
+        "autoregressive", "default", "speculative:gamma=2"]
+    with pytest.raises(InvalidArgumentError, match="default takes no options"):
+        parse_methods("default:gamma=2")
+
+
+def row(method: str, tokens: int, seconds: float, kind: str = "draftsman",
+        exactness: str = "exact", **options: str) -> dict:
+    return {"method": method, "options": options, "kind": kind, "exactness": exactness,
+            "new_tokens": tokens, "seconds": seconds}
+
+
+def test_fastest_exact_skips_peers_and_lossy_methods():
+    rows = [row("autoregressive", 10, 1.0, kind="baseline"),
+            row("speculative", 10, 0.4, draft="ngram", gamma="2"),
+            row("speculative", 10, 0.6, draft="ngram", gamma="2"),  # 20 tokens / 1.0 s
+            row("big-little", 10, 0.1, exactness="lossy"),
+            row("hf", 10, 0.05, kind="peer")]
+    assert fastest_exact(rows) == ("speculative:draft=ngram,gamma=2", pytest.approx(20.0))
+    assert fastest_exact([row("hf", 1, 1.0, kind="peer")]) is None
+
+
+def test_bench_records_only_greedy_runs_on_catalogue_targets(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
+    engine = SimpleNamespace(backend="llama.cpp", numerics_key="fast")
+    rows = [row("autoregressive", 10, 1.0, kind="baseline"),
+            row("speculative", 10, 0.5, draft="prompt-lookup", gamma="auto")]
+    cfg = BenchConfig(target="smollm2-135m-instruct", temperature=0.0)
+    record_fastest(replace(cfg, temperature=0.7), engine, rows, lambda _: None)
+    record_fastest(replace(cfg, target=str(tmp_path)), engine, rows, lambda _: None)
+    assert not dm.record_path().exists()
+    record_fastest(cfg, engine, rows, lambda _: None)
+    got = dm.resolve_default("smollm2-135m-instruct", "llama.cpp", "fast")
+    assert got.measured and got.spec == "speculative:draft=prompt-lookup,gamma=auto"
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    return tiny_model(tmp_path_factory.mktemp("default-choice") / "target", 0)
+
+
+def test_bench_methods_default_times_what_generate_runs(tmp_path, target, monkeypatch):
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"id": "a", "prompt": "the cat sat on"}) + "\n")
+    cfg = BenchConfig(target=str(target), dtype="fp32", datasets=[str(data)], limit=None,
+                      max_new_tokens=4, out=str(tmp_path / "run"), progress=False,
+                      methods=["default"], warmup_tokens=2)
+    result = run_bench(cfg, log=lambda _: None)
+    assert [r["label"] for r in result.rows] == ["autoregressive", "default (autoregressive)"]
+    assert result.rows[1]["identical"]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())[0]["backend"] == "torch"
+
+
+# ---- generate with every default ------------------------------------------------------------
+
+def test_generate_defaults_on_a_tiny_model(target, capsys):
+    rc = main(["generate", "--target", str(target), "--no-chat", "--max-new-tokens", "4",
+               "--dtype", "fp32", "--verbose", "--json", "the cat sat on"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert json.loads(out)["method"] == "autoregressive"
+    assert "backend: torch" in err and "method: default -> autoregressive" in err
+    engine = draftsman.load(str(target), dtype="bf16")
+    assert engine.backend == "torch" and "no GGUF" in engine.backend_reason
+    assert engine.generate("the cat", chat=False, max_new_tokens=3).method == "autoregressive"
+
+
+def test_a_measured_default_is_what_generate_runs(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
+    engine = draftsman.load(str(target), dtype="fp32")
+    dm.write_record(dm.measured_now(str(target), "torch", "fp32",
+                                    "speculative:draft=ngram,gamma=2", 99.0))
+    result = engine.generate("the cat sat on", chat=False, max_new_tokens=6)
+    assert result.method == "speculative" and result.options == {"draft": "ngram",
+                                                                  "gamma": "2"}
+    plain = engine.generate("the cat sat on", chat=False, max_new_tokens=6,
+                            method="autoregressive")
+    assert result.token_ids == plain.token_ids
+
+
+
+# ---- serve -----------------------------------------------------------------------------------
+
+def serve_settings(target: Path, monkeypatch, *flags: str):
+    import argparse
+
+    from draftsman.cli import serve_cmd
+    from draftsman.server import app
+
+    monkeypatch.setattr(app, "create_app", lambda engine, settings: settings)
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    return serve_cmd.build_app(parser.parse_args(["serve", "--target", str(target),
+                                                  "--dtype", "fp32", *flags]))
+
+
+def test_serve_takes_the_measured_default_when_there_is_one(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
+    settings = serve_settings(target, monkeypatch)  # torch, no record: as before
+    assert (settings.method, settings.options) == ("speculative", {"draft": "prompt-lookup"})
+    dm.write_record(dm.measured_now(str(target), "torch", "fp32",
+                                    "speculative:draft=ngram,gamma=3", 50.0))
+    settings = serve_settings(target, monkeypatch)
+    assert (settings.method, settings.options) == ("speculative", {"draft": "ngram",
+                                                                   "gamma": "3"})
+    settings = serve_settings(target, monkeypatch, "--method", "autoregressive")
+    assert settings.method == "autoregressive"
