@@ -123,8 +123,22 @@ def test_fastest_exact_skips_peers_and_lossy_methods():
             row("speculative", 10, 0.6, draft="ngram", gamma="2"),  # 20 tokens / 1.0 s
             row("big-little", 10, 0.1, exactness="lossy"),
             row("hf", 10, 0.05, kind="peer")]
-    assert fastest_exact(rows) == ("speculative:draft=ngram,gamma=2", pytest.approx(20.0))
+    assert fastest_exact(rows) == ("speculative:draft=ngram,gamma=2", pytest.approx(20.0), 20)
     assert fastest_exact([row("hf", 1, 1.0, kind="peer")]) is None
+    # plain decoding is a configuration too: when nothing beats it, it is the default
+    plain = [row("autoregressive", 30, 1.0, kind="baseline", exactness="reference"),
+             row("speculative", 10, 1.0, draft="ngram", gamma="2")]
+    assert fastest_exact(plain) == ("autoregressive", pytest.approx(30.0), 30)
+
+
+def test_a_smaller_run_does_not_replace_a_larger_runs_record(tmp_path):
+    path = tmp_path / "d.json"
+    assert dm.write_record(record(tokens=5000), path) is None
+    kept = dm.write_record(record(spec="autoregressive", tokens=40), path)  # a smoke run
+    assert kept is not None and kept.tokens == 5000
+    assert dm.read_records(path)[0].spec == "speculative:draft=ngram,gamma=3"
+    assert dm.write_record(record(spec="autoregressive", tokens=6000), path) is None
+    assert dm.read_records(path)[0].spec == "autoregressive"
 
 
 def test_bench_records_only_greedy_runs_on_catalogue_targets(tmp_path, monkeypatch):

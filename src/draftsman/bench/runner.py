@@ -67,6 +67,7 @@ from draftsman.strategies.base import check_fits
 from draftsman.strategies.default_method import (
     DEFAULT,
     measured_now,
+    record_path,
     recordable,
     write_record,
 )
@@ -435,12 +436,14 @@ def run_bench(config: BenchConfig, engine: Any | None = None,
     return result
 
 
-def fastest_exact(rows: list[Row]) -> tuple[str, float] | None:
-    """(spec, tokens/s) of the exact draftsman configuration with the best overall tokens/s
-    (all its tokens over all its seconds), or None when no row qualifies."""
+def fastest_exact(rows: list[Row]) -> tuple[str, float, int] | None:
+    """(spec, tokens/s, tokens timed) of the exact draftsman configuration (autoregressive
+    decoding included) with the best overall tokens/s (all its tokens over all its seconds),
+    or None when no row qualifies."""
     totals: dict[str, list[float]] = {}
     for row in rows:
-        if row.get("kind") not in ("baseline", "draftsman") or row.get("exactness") != "exact":
+        if (row.get("kind") not in ("baseline", "draftsman")
+                or row.get("exactness") not in ("exact", "reference")):
             continue
         spec = MethodConfig(row["method"], tuple((row.get("options") or {}).items())).label
         tokens_seconds = totals.setdefault(spec, [0.0, 0.0])
@@ -450,7 +453,7 @@ def fastest_exact(rows: list[Row]) -> tuple[str, float] | None:
     if not speeds:
         return None
     best = max(speeds, key=lambda spec: speeds[spec])
-    return best, speeds[best]
+    return best, speeds[best], int(totals[best][0])
 
 
 def record_fastest(config: BenchConfig, engine: Any, rows: list[Row],
@@ -462,7 +465,13 @@ def record_fastest(config: BenchConfig, engine: Any, rows: list[Row],
     best = fastest_exact(rows)
     if best is None:
         return
-    spec, speed = best
-    write_record(measured_now(config.target, engine.backend, engine.numerics_key, spec, speed))
+    spec, speed, tokens = best
+    record = measured_now(config.target, engine.backend, engine.numerics_key, spec, speed,
+                          tokens)
+    kept = write_record(record)
+    if kept is not None:
+        log(f"bench: kept the default method {kept.spec} from a larger run ({kept.tokens} "
+            f"tokens timed, this one {tokens}); delete {record_path()} to start over")
+        return
     log(f"bench: default method for {config.target} on {engine.backend} here is now {spec} "
-        f"({speed:.1f} tok/s)")
+        f"({speed:.1f} tok/s over {tokens} tokens)")

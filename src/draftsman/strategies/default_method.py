@@ -5,6 +5,9 @@ the best overall tokens/s, keyed by (CPU model, target, backend, numerics), in
 `$DRAFTSMAN_HOME/default-methods.json`. `default` resolves to that record when one matches
 this machine, target, backend and numerics, else to the built-in default of the backend.
 
+A run replaces a record only if it timed at least as many tokens with its fastest
+configuration as the run that wrote it, so a quick smoke run never overrides a full one.
+
 Invariants: a record only ever names an exact method (the bench writes no other); a missing,
 unreadable or corrupt file is ignored with a warning and never stops generation; only
 catalogue targets are recorded (a path's contents can change under the same name).
@@ -48,6 +51,7 @@ class Measured:
     spec: str
     tokens_per_second: float
     measured_at: str = ""
+    tokens: int = 0  # tokens the recorded configuration generated in that run
 
     def key(self) -> tuple[str, str, str, str]:
         return (self.cpu, self.target, self.backend, self.numerics)
@@ -122,20 +126,27 @@ def recordable(target: str) -> bool:
     return target in CATALOGUE
 
 
-def write_record(record: Measured, path: Path | None = None, warn: Warn = _stderr) -> Path:
-    """Add `record`, replacing any with the same key; atomic (write, then rename)."""
+def write_record(record: Measured, path: Path | None = None,
+                 warn: Warn = _stderr) -> Measured | None:
+    """Add `record`, replacing the one with the same key unless that one was measured over
+    more tokens (then it is returned and nothing is written); atomic (write, then rename)."""
     path = path or record_path()
-    records = [r for r in read_records(path, warn) if r.key() != record.key()]
+    old = read_records(path, warn)
+    larger = next((r for r in old if r.key() == record.key() and r.tokens > record.tokens),
+                  None)
+    if larger is not None:
+        return larger
+    records = [r for r in old if r.key() != record.key()]
     records.append(record)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     payload: dict[str, Any] = {"version": VERSION, "records": [asdict(r) for r in records]}
     tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
-    return path
+    return None
 
 
 def measured_now(target: str, backend: str, numerics: str, spec: str,
-                 tokens_per_second: float) -> Measured:
+                 tokens_per_second: float, tokens: int = 0) -> Measured:
     return Measured(cpu_model(), target, backend, numerics, spec, tokens_per_second,
-                    time.strftime("%Y-%m-%d"))
+                    time.strftime("%Y-%m-%d"), tokens)
