@@ -12,6 +12,7 @@ import pytest
 from test_server import NAME, engine, model_dirs, serving, wait_until  # noqa: F401
 
 from draftsman.cli import serve_cmd
+from draftsman.proposers.history import HistoryStore
 from draftsman.proposers.suffix import SuffixProposer
 from draftsman.server.auth import scope_of
 
@@ -125,3 +126,16 @@ def test_api_keys_from_flags_and_environment():
     assert serve_cmd.api_keys(args, {"DRAFTSMAN_API_KEYS": "k3, k1,,"}) == ["k1", "k2", "k3"]
     assert serve_cmd.api_keys(parser.parse_args(["serve"]), {}) == []
     assert args.history_tokens == 5000
+
+
+def test_python_api_drafts_from_and_remembers_a_history(engine, seen):  # noqa: F811
+    store = HistoryStore(1000)
+    prompt = "the quick brown fox jumps over lazy dog"
+    plain = engine.generate(prompt, method="autoregressive", max_new_tokens=8)
+    for _ in range(2):
+        got = engine.generate(prompt, method="speculative", draft="suffix",
+                              max_new_tokens=8, history=store, scope="me")
+        assert got.token_ids == plain.token_ids
+    assert [s.name for s in seen] == ["me", "me"]
+    assert store.tokens == 2 * (got.prompt_tokens + 8)
+    assert got.stats.drafted > 0  # the second call copies the first reply
