@@ -325,8 +325,7 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
             log.info("stopped")
 
     async def authenticate(request: Request) -> None:
-        """Every route: 401 for /v1/* without a valid key (ApiError, so counted like any
-        failure); the request's history scope otherwise."""
+        """Every route: 401 for /v1/* without a valid key, else the history scope."""
         request.state.scope = server.keys.scope(request.headers.get("authorization")) \
             if server.keys.protects(request.url.path) else ANONYMOUS
 
