@@ -137,3 +137,11 @@ def test_bitwise_numerics_on_torch_is_refused_before_loading():
         draftsman.load("no-such-model", backend="torch", numerics="bitwise")
     with pytest.raises(InvalidArgumentError, match="unknown --numerics"):
         draftsman.load("no-such-model", backend="llama.cpp", numerics="approximate")
+
+
+def test_the_suffix_drafter_is_an_option(capsys):
+    assert main(["generate", "--method", "speculative", "--help-options"]) == 0
+    assert "suffix" in capsys.readouterr().out
+    options = registry.method_options("speculative", {"draft": "suffix", "gamma": "auto",
+                                                      "branches": "auto"})
+    assert options.draft == "suffix"

@@ -33,6 +33,8 @@ class GenerationConfig:
     max_new_tokens: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     eos_token_ids: frozenset[int] = frozenset()
+    # the client's earlier sequences (proposers/history.py `Scope`) for drafters that use them
+    history: object | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

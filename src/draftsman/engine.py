@@ -32,6 +32,7 @@ from draftsman.errors import DraftsmanError, InvalidArgumentError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.loader import INT8, load_model, parse_dtype
+from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.base import check_fits
 from draftsman.strategies.default_method import DEFAULT, DefaultChoice, resolve_default, split_spec
@@ -326,13 +327,16 @@ class Engine:
         seed: int | None = None,
         stop: tuple[str, ...] | list[str] = (),
         chat: bool | None = None,
+        history: Scope | None = None,
         **options: Any,
     ) -> Request:
         """Validate everything and load what the method needs, before any timed work.
-        `method="default"` runs what `default_method()` names."""
+        `method="default"` runs what `default_method()` names. `history`: earlier sequences
+        a history-aware drafter (`suffix`) may copy from."""
         method, options, _ = self.resolve_method(method, options)
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
-        config = GenerationConfig(max_new_tokens, sampling, self.target.tokenizer.eos_token_ids)
+        config = GenerationConfig(max_new_tokens, sampling, self.target.tokenizer.eos_token_ids,
+                                  history)
         strategy = self.strategy(method, options)
         prompt_ids = self.encode_prompt(prompt, chat)
         check_fits(self.target.model, len(prompt_ids), config)
@@ -358,11 +362,18 @@ class Engine:
             if close:
                 close()
 
-    def generate(self, prompt, **kwargs: Any) -> Result:
+    def generate(self, prompt, *, history: HistoryStore | None = None, scope: str = "",
+                 **kwargs: Any) -> Result:
+        """Generate; with a `history` store, draft from (and then remember) the earlier
+        prompts and replies of `scope` (e.g. one user)."""
+        if history is not None:
+            kwargs["history"] = history.scope(scope)
         request = self.prepare(prompt, **kwargs)
         t_start = time.perf_counter()  # from the tokenised prompt: prefill in, loading out
         events = list(self.run(request))
         seconds = time.perf_counter() - t_start
+        if history is not None:
+            history.add(scope, request.prompt_ids + [t for e in events for t in e.token_ids])
         return Result(
             text="".join(e.text for e in events),
             token_ids=[t for e in events for t in e.token_ids],
@@ -425,4 +436,4 @@ def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = N
 
 # Engine.prepare's own keywords; the rest of its keywords are method options
 _PREPARE_KEYS = frozenset({"method", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-                           "stop", "chat"})
+                           "stop", "chat", "history", "scope"})

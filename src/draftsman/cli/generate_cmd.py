@@ -62,10 +62,10 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_METHOD} on llama.cpp and {TORCH_DEFAULT_METHOD} on "
                              "torch; --help-options lists a method's options)")
     parser.add_argument("--draft", default=None,
-                        help="draft model (name/path), or ngram / prompt-lookup "
+                        help="draft model (name/path), or ngram / prompt-lookup / suffix "
                              "(speculative); middle model (staged)")
     parser.add_argument("--subdraft", default=None,
-                        help="staged: the lowest drafter (model, ngram or prompt-lookup)")
+                        help="staged: the lowest drafter (model, ngram, prompt-lookup or suffix)")
     parser.add_argument("--gamma", default=None,
                         help="tokens drafted per step, or 'auto' for an adaptive policy")
     parser.add_argument("--gamma-policy", default=None,

@@ -14,9 +14,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import draftsman
@@ -33,6 +34,8 @@ from draftsman.errors import InvalidArgumentError
 from draftsman.proposers.drafters import is_model_free
 from draftsman.strategies import registry
 from draftsman.strategies.default_method import DEFAULT
+
+KEYS_ENV = "DRAFTSMAN_API_KEYS"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,6 +68,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="largest max_tokens a request may ask for (default: 2048)")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longest prompt accepted, else 413 (default: the model's context)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1/* (repeat for several "
+                        "keys; also " + KEYS_ENV + ", comma-separated); each key's earlier "
+                        "requests are a separate drafting history")
+    p.add_argument("--history-tokens", type=int, default=1_000_000,
+                   help="tokens of earlier prompts and replies kept, over all keys, for the "
+                        "suffix drafter (default: 1000000; 0: none)")
     p.add_argument("--shutdown-timeout", type=int, default=30,
                    help="seconds in-flight requests may finish after SIGTERM (default: 30)")
     p.add_argument("--log-level", default="info",
@@ -72,10 +82,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def api_keys(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """--api-key values, then those in $DRAFTSMAN_API_KEYS (comma-separated), deduplicated."""
+    given = list(args.api_key or []) + environ.get(KEYS_ENV, "").split(",")
+    return list(dict.fromkeys(k.strip() for k in given if k.strip()))
+
+
 def _check_limits(args: argparse.Namespace) -> None:
     for name in ("parallel", "max_tokens_cap"):
         if getattr(args, name) < 1:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.history_tokens < 0:
+        raise InvalidArgumentError("--history-tokens must be >= 0")
     if args.max_queue < 0:
         raise InvalidArgumentError("--max-queue must be >= 0")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
@@ -139,7 +157,11 @@ def build_app(args: argparse.Namespace):
         model_name=args.served_model_name or served_name(args.target), method=method,
         options=options, drafts=drafts, parallel=args.parallel, max_queue=args.max_queue,
         max_tokens_cap=args.max_tokens_cap, max_prompt_tokens=args.max_prompt_tokens,
-        default_draft=main_draft)
+        default_draft=main_draft, api_keys=api_keys(args),
+        history_tokens=args.history_tokens)
+    logging.getLogger("draftsman.server").info(
+        "%d API key(s); history of up to %d tokens", len(settings.api_keys),
+        settings.history_tokens)
     return create_app(engine, settings)
 
 

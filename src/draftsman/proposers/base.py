@@ -28,6 +28,12 @@ class Proposer(ABC):
 
     name: str = "proposer"
     uses_model: bool = False
+    uses_history: bool = False  # True: drafts from earlier sequences given to `use_history`
+
+    def use_history(self, history: object | None) -> None:
+        """The request's read-only earlier sequences (proposers/history.py `Scope`), or None;
+        called before `start`. Only proposers with `uses_history` read it."""
+        return None
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         """Prepare for a request whose sequence will not exceed `capacity` tokens."""

@@ -27,6 +27,9 @@ class StagedProposer(Proposer):
         self.sub_gamma = sub_gamma
         self.state: ModelState | None = None
 
+    def use_history(self, history: object | None) -> None:
+        self.sub.use_history(history)
+
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         self.state = ModelState(self.model, capacity, extra_rows=self.sub_gamma + 1)
         self.sub.start(prompt_ids, capacity + self.sub_gamma + 1)

@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -41,6 +41,8 @@ from draftsman.core import Stats
 from draftsman.engine import Engine
 from draftsman.engine import Request as EngineRequest
 from draftsman.errors import ContextOverflowError, DraftsmanError, ModelNotFoundError
+from draftsman.proposers.history import HistoryStore
+from draftsman.server.auth import ANONYMOUS, ApiKeys
 from draftsman.server.metrics import Metrics
 from draftsman.server.schemas import (
     FINISH_REASONS,
@@ -66,7 +68,7 @@ log = logging.getLogger("draftsman.server")
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 # engine.prepare keywords: a method option may not shadow them
 RESERVED_OPTIONS = frozenset({"prompt", "method", "max_new_tokens", "temperature", "top_k",
-                              "top_p", "seed", "stop", "chat"})
+                              "top_p", "seed", "stop", "chat", "history"})
 
 
 @dataclass
@@ -88,6 +90,8 @@ class ServerSettings:
     max_prompt_tokens: int | None = None  # None: the model's context
     default_max_tokens: int = 16  # /v1/completions without max_tokens, as OpenAI
     default_draft: str | None = None
+    api_keys: list[str] = field(default_factory=list)  # none: no authentication
+    history_tokens: int = 1_000_000  # earlier prompts and replies kept for drafting, in all
 
 
 @dataclass
@@ -119,9 +123,12 @@ class Server:
         pin_models(engine, settings.drafts, settings.default_draft)
         self.context = engine.target.config.max_position_embeddings
         self.max_prompt_tokens = min(settings.max_prompt_tokens or self.context, self.context)
+        self.keys = ApiKeys(settings.api_keys)
+        self.history = HistoryStore(settings.history_tokens)
         self.scheduler = Scheduler(engine, parallel=settings.parallel,
-                                   max_queue=settings.max_queue)
+                                   max_queue=settings.max_queue, history=self.history)
         self.metrics = Metrics()
+        self.metrics.watch_history(self.history)
         self.metrics.watch_queue(lambda: self.scheduler.waiting,
                                  lambda: self.scheduler.running, self.scheduler.capacity)
         self.model_names = {settings.model_name, engine.target.name}
@@ -190,8 +197,8 @@ class Server:
                            else "prompt")
         return ids
 
-    def prepare(self, body: CompletionRequest | ChatCompletionRequest, call: Call
-                ) -> Prepared:
+    def prepare(self, body: CompletionRequest | ChatCompletionRequest, call: Call,
+                scope: str = ANONYMOUS) -> Prepared:
         """Everything that can fail before generation (runs in a helper thread)."""
         self.check_model(body.model)
         body.unsupported_fields()
@@ -204,7 +211,7 @@ class Server:
         request = self.engine.prepare(
             ids, method=method, max_new_tokens=self.max_new_tokens(body, len(ids)),
             temperature=body.temperature, top_k=top_k, top_p=body.top_p, seed=body.seed,
-            stop=body.stop_strings(), **options)
+            stop=body.stop_strings(), history=self.history.scope(scope), **options)
         return Prepared(request, method, options)
 
     # ---- outcomes --------------------------------------------------------------------
@@ -320,7 +327,13 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
             server.scheduler.close()
             log.info("stopped")
 
-    app = FastAPI(title="draftsman", version=draftsman.__version__, lifespan=lifespan)
+    async def authenticate(request: Request) -> None:
+        """Every route: 401 for /v1/* without a valid key, else the history scope."""
+        request.state.scope = server.keys.scope(request.headers.get("authorization")) \
+            if server.keys.protects(request.url.path) else ANONYMOUS
+
+    app = FastAPI(title="draftsman", version=draftsman.__version__, lifespan=lifespan,
+                  dependencies=[Depends(authenticate)])
     app.state.server = server
 
     def call_of(request: Request) -> Call | None:
@@ -409,7 +422,8 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
         call = call_of(request)
         assert call is not None
         try:
-            prepared = await asyncio.to_thread(server.prepare, body, call)
+            prepared = await asyncio.to_thread(server.prepare, body, call,
+                                               request.state.scope)
         except Exception as exc:
             return fail(request, exc)
         try:

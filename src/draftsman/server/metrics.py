@@ -27,6 +27,7 @@ from prometheus_client import (
 )
 
 from draftsman.core import Stats
+from draftsman.proposers.history import HistoryStore
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
@@ -92,6 +93,18 @@ class Metrics:
         self.tokens_per_second = Histogram("draftsman_tokens_per_second",
                                            "Generation speed per request (after the queue)",
                                            ["method"], buckets=RATE_BUCKETS, registry=r)
+
+    def watch_history(self, store: HistoryStore) -> None:
+        """The cross-request history store's size, read at scrape time."""
+        r = self.registry
+        Gauge("draftsman_history_tokens", "Tokens of earlier prompts and replies kept for "
+              "drafting", registry=r).set_function(lambda: store.tokens)
+        Gauge("draftsman_history_bytes", "Estimated memory of the history store, its index "
+              "included", registry=r).set_function(lambda: store.bytes)
+        Gauge("draftsman_history_scopes", "API-key scopes with history", registry=r
+              ).set_function(lambda: store.scopes)
+        Gauge("draftsman_history_budget_tokens", "Most tokens the history store keeps",
+              registry=r).set(store.budget)
 
     def watch_queue(self, waiting: Callable[[], int], running: Callable[[], int],
                     capacity: int) -> None:

@@ -273,7 +273,8 @@ def usage_chunk(*, kind: str, rid: str, created: int, model: str, usage_: dict[s
             "usage": usage_, "draftsman": stats}
 
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error",
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+               404: "invalid_request_error",
                413: "invalid_request_error", 422: "invalid_request_error",
                429: "rate_limit_error", 499: "invalid_request_error", 500: "server_error",
                503: "server_error"}

@@ -29,6 +29,7 @@ from typing import Any
 from draftsman.core import Stats, Step
 from draftsman.engine import Engine, Event, Request
 from draftsman.errors import ModelNotFoundError
+from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.server.schemas import ApiError
 
 log = logging.getLogger("draftsman.server")
@@ -148,12 +149,14 @@ class QueueFull(ApiError):
 class Scheduler:
     """Admission control plus `parallel` daemon worker threads sharing one engine."""
 
-    def __init__(self, engine: Engine, *, parallel: int = 1, max_queue: int = 16) -> None:
+    def __init__(self, engine: Engine, *, parallel: int = 1, max_queue: int = 16,
+                 history: HistoryStore | None = None) -> None:
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.engine = engine
+        self.history = history  # each finished request's prompt and reply go there
         self.parallel = parallel
         self.max_queue = max_queue
         self.waiting = 0
@@ -247,6 +250,7 @@ class Scheduler:
         job.started_at = time.perf_counter()
         queued = job.started_at - job.enqueued_at
         error: BaseException | None = None
+        reply: list[int] = []
         try:
             events = self.engine.run(job.request)
             try:
@@ -254,6 +258,7 @@ class Scheduler:
                     if job.cancelled:
                         break  # closing the iterator stops generation at this step
                     job.emit(event)
+                    reply += event.token_ids
             finally:
                 events.close()
         except Exception as exc:  # reported to the client; the worker keeps serving
@@ -263,6 +268,10 @@ class Scheduler:
         self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * seconds
         job.emit(Finished(cancelled=job.cancelled, queue_seconds=queued, run_seconds=seconds,
                           error=error))
+        scope = job.request.config.history
+        if self.history is not None and error is None and isinstance(scope, Scope):
+            # after the client has its answer: remembering costs it no latency
+            self.history.add(scope.name, job.request.prompt_ids + reply)
 
 
 def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> None:
@@ -281,7 +290,7 @@ def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> 
         if spec not in resident:
             raise ModelNotFoundError(
                 f"model {spec!r} is not loaded in this server; available drafts: "
-                f"{', '.join(drafts) or 'none'} (and the drafters ngram, prompt-lookup)")
+                f"{', '.join(drafts) or 'none'} (and the drafters ngram, prompt-lookup, suffix)")
         return load(spec)
 
     def default() -> str:

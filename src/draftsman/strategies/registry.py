@@ -19,6 +19,7 @@ from draftsman.proposers.drafters import MODEL_FREE, is_model_free
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.proposers.staged import StagedProposer
+from draftsman.proposers.suffix import SuffixProposer
 from draftsman.strategies import parallel_prompt, pipelined
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.base import Strategy
@@ -82,6 +83,8 @@ def make_proposer(spec: str, engine: Engine) -> Proposer:
         return NGramProposer()
     if spec == "prompt-lookup":
         return PromptLookupProposer()
+    if spec == "suffix":
+        return SuffixProposer()
     return DraftModelProposer(engine.model(spec).model)
 
 

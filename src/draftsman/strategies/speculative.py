@@ -66,6 +66,7 @@ class Speculative(Strategy):
         committed = prompt_ids + step.tokens
         yield step
         with timer("draft"):
+            self.proposer.use_history(config.history)
             self.proposer.start(prompt_ids, capacity)
         while not budget.done:
             planned = policy.plans_guesses and not self.proposer.uses_model

@@ -83,6 +83,7 @@ class TreeSpeculative(Strategy):
         committed = prompt_ids + step.tokens
         yield step
         with timer("draft"):
+            self.proposer.use_history(config.history)
             self.proposer.start(prompt_ids, capacity)
         while not budget.done:
             gamma = min(policy.max_gamma if policy.plans_guesses else policy.next_gamma(),
