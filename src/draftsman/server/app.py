@@ -8,9 +8,9 @@ Request life cycle (each step may answer with an OpenAI error object instead):
 2. `_prepare` checks the model name (404), refused fields (400), the method (400) and its
    options against the method's declaration (422 for an unknown option or a value of the
    wrong type, 400 for one out of range, with `param` naming it; 404 for a draft that is not
-   resident), tokenises the prompt (413 above
-   `max_prompt_tokens`), checks `max_tokens` against the cap and the context (400) and builds
-   the engine `Request` - all in a helper thread, before any queueing;
+   resident), tokenises the prompt (413 above `max_prompt_tokens`), checks `max_tokens`
+   against the cap and the context (400) and builds the engine `Request` - all in a helper
+   thread, before any queueing;
 3. the `Scheduler` admits it (429 with Retry-After when full) and a worker thread generates;
 4. events come back through an asyncio queue: collected into one JSON body, or sent as SSE
    chunks ending with `data: [DONE]`.
@@ -22,7 +22,6 @@ final status; a client that goes away cancels its job, which stops at the next s
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -55,6 +54,7 @@ from draftsman.server.schemas import (
     error_body,
     new_id,
     now,
+    sse,
     usage,
     usage_chunk,
 )
@@ -295,11 +295,6 @@ class JobStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
-
-
-def sse(data: dict[str, Any] | str) -> str:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {payload}\n\n"
 
 
 async def _wait_for_disconnect(request: Request, job: Job) -> None:

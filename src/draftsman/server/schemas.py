@@ -12,6 +12,7 @@ method and the acceptance statistics of the request.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -285,3 +286,9 @@ def error_body(status: int, message: str, *, code: str | None = None,
     """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
                       "param": param, "code": code}}
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    """One server-sent event: a JSON body (compact) or a bare string such as [DONE]."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n"
