@@ -85,9 +85,22 @@ def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
         gguf = resolve_gguf(str(spec))
         model = LlamaCppLM(gguf, ModelConfig.from_folder(folder), numerics=numerics)
     else:
-        model = load_model(folder, dtype)
+        model = load_model(folder, dtype, gguf=_quant_source(str(spec), dtype))
     tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
     return LoadedModel(str(spec), Path(folder), model, tokenizer)
+
+
+def _quant_source(spec: str, dtype: str | torch.dtype) -> Path | None:
+    """The GGUF whose blocks a q4/q8 load packs: a catalogue model's or the .gguf given."""
+    from draftsman.models.quant_linear import QUANT_KINDS
+    from draftsman.store.catalogue import CATALOGUE
+    from draftsman.store.resolve import resolve_gguf
+
+    if parse_dtype(dtype) not in QUANT_KINDS:
+        return None
+    if spec.strip() in CATALOGUE or spec.strip().lower().endswith(".gguf"):
+        return resolve_gguf(spec)
+    return None
 
 
 @dataclass
