@@ -335,3 +335,17 @@ def test_gguf_file_blocks_come_back_in_hf_row_order(tmp_path):
     assert q.shape == (64, 256) and q.qtype == int(Q.Q4_K) and q.type_name == "Q4_K"
     assert np.array_equal(q.rows, b.rows)  # permutation undone
     assert np.array_equal(got["model.layers.0.mlp.up_proj.weight"].rows, b.rows)
+
+
+def test_pipelined_on_q4_is_exact(q4_models):
+    from draftsman.strategies.pipelined import Pipelined, PipelinedConfig, close_pools
+
+    target = q4_models["target"]
+    strat = Pipelined(target, PipelinedConfig(workers=1, timeout=60))
+    try:
+        for prompt in prompts(2):
+            want, _ = run(Autoregressive(target), prompt, max_new=16)
+            got, _ = run(strat, prompt, max_new=16)
+            assert got == want
+    finally:
+        close_pools()

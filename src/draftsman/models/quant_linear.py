@@ -67,7 +67,7 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 def decode_int4(t: BlockTensor) -> Int4Rows:
     """The exact int4 form of a Q4_0 / Q4_1 / Q4_K tensor (see the module docstring)."""
     n, k = t.shape
-    raw = torch.from_numpy(np.ascontiguousarray(t.rows))
+    raw = torch.from_numpy(np.array(t.rows))  # a writable copy of the memory-mapped rows
     if t.qtype in (_Q4_0, _Q4_1):
         b = raw.reshape(n, k // 32, -1)
         d = _f16(b[..., 0:2])
