@@ -109,13 +109,13 @@ def test_overflow_is_refused_before_work():
     assert cache.length == 0
 
 
-def test_int8_weights_approximate_and_stay_self_consistent():
-    from draftsman.models.quantize import quantize_int8
+def test_q8_weights_approximate_and_stay_self_consistent():
+    from draftsman.models.quant_linear import quantize_model
 
     hf, ours = tiny_pair("qwen2")
     ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(6))
     ref = ours(ids, positions_for(0, 10), ours.new_cache(16)).logits
-    q = quantize_int8(ours)
+    q = quantize_model(ours, "q8")
     assert q.dtype == torch.float32  # activations keep the norm's dtype
     out = q(ids.clone(), positions_for(0, 10), q.new_cache(16)).logits
     assert (out.float() - ref).abs().max() < 0.05 * ref.abs().max()

@@ -103,3 +103,19 @@ def test_cli_bad_input_is_one_clear_line(args, needle):
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     assert needle.lower() in r.stderr.lower(), r.stderr
+
+
+def test_q4_runs_the_ggufs_own_blocks():
+    """The 1.5B loads as q4 from its GGUF (Q4_K onto int4, Q6_K onto int8) and generates."""
+    from draftsman.store.status import model_status
+
+    name = "qwen2.5-coder-1.5b-instruct"
+    status = model_status(name)
+    if not (status.installed and status.has_gguf):
+        pytest.skip(f"{name} is not pulled")
+    engine = draftsman.load(name, dtype="q4")
+    summary = engine.target.model.quant_summary
+    assert summary["Q4_K -> int4 (exact)"] > 100
+    assert summary["Q6_K -> int8 per row (requantised)"] > 0  # ffn_down / attn_v / LM head
+    result = engine.generate("def fibonacci(n):", max_new_tokens=6)
+    assert result.new_tokens == 6 and result.text.strip()

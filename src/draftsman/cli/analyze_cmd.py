@@ -100,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "this CPU's forward latency profile (8b/c). Writes tables, JSON, PNGs "
                     "and report.html.")
     r.add_argument("--target", default=DEFAULT_TARGET)
-    r.add_argument("--dtype", default="int8", choices=["bf16", "fp32", "int8"],
+    r.add_argument("--dtype", default="int8", choices=["bf16", "fp32", "q4", "q8", "int8"],
                    help="int8 (default): this CPU's cheapest multi-row forward")
     r.add_argument("--datasets", default="humaneval,mt-bench")
     r.add_argument("--limit", type=int, default=4, help="prompts per dataset")

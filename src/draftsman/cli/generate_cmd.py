@@ -24,10 +24,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="catalogue name, model folder, .gguf file or hf:owner/name "
                              f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "int8"],
-                        help="torch weights: bf16 (default), fp32, or int8 weight-only (bf16 "
-                             "activations; a quantised model, compare int8 with int8); fp32 "
-                             "or int8 also make --backend auto choose torch")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "q4", "q8", "int8"],
+                        help="weights: bf16 (default), fp32, or q4 / q8 weight-only on packed "
+                             "CPU kernels fed the GGUF's own blocks (bf16 activations; "
+                             "int8 = q8); fp32, q4 or q8 also make --backend auto choose torch")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for PyTorch / llama.cpp (default: all cores)")
     parser.add_argument("--backend", default=AUTO, choices=list(CHOICES),

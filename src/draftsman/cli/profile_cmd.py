@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Time one target forward over n new tokens after a fixed context, for "
                     "each n, and save the curve for parallel-prompt's tree-size choice.")
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "q4", "q8"])
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: all cores); profiles are per thread count")
     p.add_argument("--backend", default="torch", choices=["torch", "llama.cpp"],

@@ -16,6 +16,12 @@ from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.rope import RotaryTable, apply_rotary
 
+# Our fused projections and the Hugging Face matrices they stack, in row order.
+FUSED_LINEARS: dict[str, tuple[str, ...]] = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -111,13 +117,11 @@ class LlamaModel(DecoderLM):
             out[key] = tensor
         for i in range(config.num_layers):
             p = f"layers.{i}."
-            for kind in ("weight", "bias"):
-                parts = [out.pop(f"{p}self_attn.{n}_proj.{kind}", None) for n in "qkv"]
-                if all(t is not None for t in parts):
-                    out[f"{p}self_attn.qkv_proj.{kind}"] = torch.cat(parts, dim=0)
-            gate = out.pop(f"{p}mlp.gate_proj.weight")
-            up = out.pop(f"{p}mlp.up_proj.weight")
-            out[f"{p}mlp.gate_up_proj.weight"] = torch.cat([gate, up], dim=0)
+            for fused, names in FUSED_LINEARS.items():
+                for kind in ("weight", "bias"):
+                    parts = [out.pop(f"{p}{n}.{kind}", None) for n in names]
+                    if all(t is not None for t in parts):
+                        out[f"{p}{fused}.{kind}"] = torch.cat(parts, dim=0)
         if config.tie_word_embeddings:
             out.pop("lm_head.weight", None)
         return out

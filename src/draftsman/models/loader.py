@@ -14,22 +14,27 @@ from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.gpt2 import GPT2Model
 from draftsman.models.llama import LlamaModel
-from draftsman.models.quantize import quantize_int8
+from draftsman.models.quant_linear import QUANT_KINDS, quantize_model
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
 
-INT8 = "int8"  # weight-only int8 with bf16 activations (models/quantize.py)
+# Weight-only packed kernels with bf16 activations (models/quant_linear.py); "int8" is the
+# older name of q8, kept so recorded commands still run.
+QUANT_ALIASES = {"q4": "q4", "q8": "q8", "int8": "q8"}
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype | str:
-    if isinstance(name, torch.dtype) or name == INT8:
+    """A torch dtype, or "q4" / "q8" for the packed weight-only kernels."""
+    if isinstance(name, torch.dtype):
         return name
+    if name in QUANT_ALIASES:
+        return QUANT_ALIASES[name]
     try:
         return DTYPES[name]
     except KeyError:
-        raise DraftsmanError(f"unknown dtype {name!r}; choose bf16, fp32 or int8") from None
+        raise DraftsmanError(f"unknown dtype {name!r}; choose bf16, fp32, q4 or q8") from None
 
 
 def model_class(config: ModelConfig) -> type[DecoderLM]:
@@ -92,16 +97,27 @@ def build_model(
 def load_model(
     folder: str | Path, dtype: str | torch.dtype = "bf16", max_positions: int | None = None,
     device: torch.device | None = None,
+    gguf: str | Path | None = None,
 ) -> DecoderLM:
+    """The folder's model in `dtype`. For "q4" / "q8" every Linear is packed from `gguf`
+    (the same model's GGUF: its own blocks, see models/quant_linear.py); embeddings and
+    norms come from the folder in bf16. Without a GGUF, q8 quantises the folder's weights."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelNotFoundError(f"model folder {folder} does not exist")
     config = ModelConfig.from_folder(folder)
     dtype = parse_dtype(dtype)
-    if dtype == INT8:
-        if device is not None and device.type != "cpu":
-            # its matmul is PyTorch's CPU int8 kernel (models/quantize.py)
-            raise UnsupportedError(f"--dtype int8 runs on the CPU only, not on {device}")
+    if dtype in QUANT_KINDS:
+        from draftsman.store.gguf_blocks import read_gguf_blocks
+
+        blocks = None if gguf is None else read_gguf_blocks(gguf)
+        if dtype == "q4" and blocks is None:
+            raise DraftsmanError(
+                f"--dtype q4 runs a GGUF's own 4-bit blocks and {folder} comes with none: "
+                "pass a catalogue name or a .gguf file")
         model = build_model(config, read_safetensors(folder), torch.bfloat16, max_positions)
-        return quantize_int8(model)
+        if device is not None and device.type != "cpu":
+            # packed int4/int8 matmuls are PyTorch's CPU kernels
+            raise UnsupportedError(f"--dtype {dtype} runs on the CPU only, not on {device}")
+        return quantize_model(model, str(dtype), blocks)
     return build_model(config, read_safetensors(folder), dtype, max_positions, device)

@@ -193,7 +193,7 @@ class ParallelPromptOptions(MethodOptions):
 
 def build(engine: Engine, o: ParallelPromptOptions) -> Strategy:
     """Registry builder: `--method parallel-prompt [--option KEY=VALUE ...]`."""
-    dtype = DTYPE_NAMES.get(str(engine.dtype), str(engine.dtype))  # "int8" stays "int8"
+    dtype = DTYPE_NAMES.get(str(engine.dtype), str(engine.dtype))  # "q4" / "q8" stay as named
     if o.draft:
         bundle = engine.model(o.draft)
         prompts = resolve_prompt_tokens(o.draft_prompt_tokens, bundle, o.count, o.epts, o.seed)

@@ -1,0 +1,262 @@
+"""Weight-only 4- and 8-bit Linears on PyTorch's packed CPU kernels, fed a GGUF's own blocks.
+
+Decoding reads every weight once per forward, so fewer bytes per weight lower the floor on
+latency. Two kernels, both bit-identical per row whatever the number of rows in the batch:
+- int4, `aten._weight_int4pack_mm_for_cpu`, groups of 32 along the input: it computes
+  w = (q - 8) * scale + zero with q in 0..15 and (scale, zero) in the activation dtype.
+- int8, `aten._weight_int8pack_mm`: w = q * scale, one scale per output row.
+
+Which GGUF block types map how, under `q4`:
+- exactly onto int4 groups of 32 (up to rounding scale and zero to the activation dtype,
+  2^-8 relative in bf16; tests/test_quant.py measures it):
+    Q4_0  w = d (q - 8)         -> scale d,      zero 0
+    Q4_1  w = d q + m           -> scale d,      zero 8 d + m
+    Q4_K  w = d sc q - dmin m   -> scale d sc,   zero 8 d sc - dmin m  (each 32-wide
+          sub-block of a 256-wide super-block, 6-bit sc and m)
+- converted onto int8 per output row: every other type gguf can dequantise (Q5_*, Q6_K,
+  Q8_0, F16, ...), requantised symmetrically from its dequantised weights. int8 has more
+  levels than these blocks, so a row loses at most half a step of max|row| / 127 (per-row
+  instead of per-block scales), never bits the GGUF stored; the tests measure it.
+- anything else: UnsupportedError naming the tensor and its type.
+Under `q8` every matrix takes the int8 path. Embeddings, norms, biases and the KV cache
+stay in the activation dtype; the LM head (tied to the embeddings or not) is quantised.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedError
+from draftsman.models.base import DecoderLM
+from draftsman.models.llama import FUSED_LINEARS
+from draftsman.store.gguf_blocks import BlockTensor
+
+QUANT_KINDS = ("q4", "q8")
+GROUP = 32  # int4 group size: one Q4_0/Q4_1 block, one Q4_K sub-block
+_ROW_MULTIPLE = 16  # the int4 packer wants a multiple of 16 output rows
+_Q4_0, _Q4_1, _Q4_K = 2, 3, 12  # GGML type numbers (gguf.GGMLQuantizationType)
+INT4_EXACT = {_Q4_0: "Q4_0", _Q4_1: "Q4_1", _Q4_K: "Q4_K"}
+
+
+@dataclass
+class Int4Rows:
+    """w[n, k] = (q[n, k] - 8) * scale[n, k // 32] + zero[n, k // 32]; q uint8 in 0..15."""
+
+    q: torch.Tensor  # [N, K] uint8
+    scale: torch.Tensor  # [N, K / 32] float32
+    zero: torch.Tensor  # [N, K / 32] float32
+
+    def weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The float32 weights this packing computes with scale and zero rounded to `dtype`."""
+        s = self.scale.to(dtype).float().repeat_interleave(GROUP, dim=1)
+        z = self.zero.to(dtype).float().repeat_interleave(GROUP, dim=1)
+        return (self.q.float() - 8) * s + z
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """[..., 2] uint8 -> [...] float32 (little-endian fp16)."""
+    return b.contiguous().view(torch.float16).squeeze(-1).float()
+
+
+def decode_int4(t: BlockTensor) -> Int4Rows:
+    """The exact int4 form of a Q4_0 / Q4_1 / Q4_K tensor (see the module docstring)."""
+    n, k = t.shape
+    raw = torch.from_numpy(np.array(t.rows))  # a writable copy of the memory-mapped rows
+    if t.qtype in (_Q4_0, _Q4_1):
+        b = raw.reshape(n, k // 32, -1)
+        d = _f16(b[..., 0:2])
+        head = 2 if t.qtype == _Q4_0 else 4
+        qs = b[..., head:]  # 16 bytes: elements 0..15 in low nibbles, 16..31 in high
+        q = torch.cat([qs & 15, qs >> 4], dim=-1).reshape(n, k)
+        zero = torch.zeros_like(d) if t.qtype == _Q4_0 else 8 * d + _f16(b[..., 2:4])
+        return Int4Rows(q, d, zero)
+    if t.qtype == _Q4_K:
+        b = raw.reshape(n, k // 256, 144)
+        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        sb = b[..., 4:16].reshape(n, -1, 3, 4).int()
+        lo, hi, mix = sb[..., 0, :], sb[..., 1, :], sb[..., 2, :]
+        sc = torch.cat([lo & 63, (mix & 15) | ((lo >> 2) & 48)], dim=-1)  # 8 six-bit scales
+        mn = torch.cat([hi & 63, (mix >> 4) | ((hi >> 2) & 48)], dim=-1)  # 8 six-bit mins
+        qs = b[..., 16:].reshape(n, -1, 4, 1, 32)  # run j: sub-block 2j low, 2j+1 high
+        q = torch.cat([qs & 15, qs >> 4], dim=3).reshape(n, k)
+        scale = (d[..., None] * sc).reshape(n, -1)
+        zero = (8 * scale - (dmin[..., None] * mn).reshape(n, -1))
+        return Int4Rows(q, scale, zero)
+    raise UnsupportedError(f"{t.name}: {t.type_name} has no exact int4 form")
+
+
+def dequantize_rows(t: BlockTensor) -> torch.Tensor:
+    """[N, K] float32 weights of any type gguf can dequantise; UnsupportedError otherwise."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    try:
+        qtype = GGMLQuantizationType(t.qtype)
+        if qtype == GGMLQuantizationType.F32:
+            w = t.rows.view(np.float32)
+        elif qtype == GGMLQuantizationType.F16:
+            w = t.rows.view(np.float16).astype(np.float32)
+        else:
+            w = dequantize(t.rows, qtype)
+    except (ValueError, NotImplementedError):
+        raise UnsupportedError(
+            f"tensor {t.name}: GGUF type {t.type_name} cannot be loaded as q4/q8 here") from None
+    return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(t.shape)
+
+
+class Int4Matrix(nn.Module):
+    """Rows of int4 groups of 32, packed for `_weight_int4pack_mm_for_cpu`."""
+
+    def __init__(self, rows: Int4Rows, dtype: torch.dtype) -> None:
+        super().__init__()
+        n = rows.q.shape[0]
+        pad = -n % _ROW_MULTIPLE  # padded rows: q = 8, scale = zero = 0, sliced off
+        q = torch.cat([rows.q, rows.q.new_full((pad, rows.q.shape[1]), 8)])
+        sz = torch.stack([rows.scale, rows.zero], dim=-1)
+        sz = torch.cat([sz, sz.new_zeros(pad, *sz.shape[1:])])
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+        self.register_buffer("scale_zeros", sz.transpose(0, 1).contiguous().to(dtype))
+        self.out_features = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scale_zeros)
+        return y if y.shape[-1] == self.out_features else y[:, : self.out_features]
+
+
+class Int8Matrix(nn.Module):
+    """Symmetric int8 rows, one scale each, for `_weight_int8pack_mm`."""
+
+    def __init__(self, w: torch.Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(dtype)
+        q = torch.round(w / scale.float()[:, None]).clamp(-128, 127).to(torch.int8)
+        self.register_buffer("weight_int8", q)
+        self.register_buffer("scale", scale)
+        self.out_features = w.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
+
+
+class QuantLinear(nn.Module):
+    """A Linear whose output rows are one or more packed matrices, computed in `dtype`.
+
+    A fused projection whose parts came in different GGUF types (Q4_K q/k, Q6_K v) holds
+    one matrix per run of same-kind parts; outputs are concatenated in row order.
+    """
+
+    def __init__(self, parts: list[nn.Module], in_features: int, bias: torch.Tensor | None,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+        self.dtype = dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Dequantised [out, in] weights as the kernels compute them (one batch of
+        in_features rows through the kernels: slow, for code that inspects weights)."""
+        eye = torch.eye(self.in_features, dtype=self.dtype)
+        return torch.cat([p(eye) for p in self.parts], dim=-1).T.contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(self.dtype).contiguous()
+        ys = [p(x2) for p in self.parts]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def hf_weight_names(module_name: str, tied: bool) -> list[str]:
+    """Hugging Face names of the matrices stacked in our Linear `module_name`, in row order."""
+    if module_name == "lm_head":
+        return ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+    layer, _, rest = module_name.partition(".")
+    index, _, rest = rest.partition(".")
+    if layer != "layers" or not index.isdigit():
+        raise UnsupportedError(f"no GGUF tensor for module {module_name!r}")
+    return [f"model.layers.{index}.{p}.weight" for p in FUSED_LINEARS.get(rest, (rest,))]
+
+
+def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtype: torch.dtype,
+          summary: Counter) -> list[nn.Module]:
+    """Pack consecutive parts that take the same kernel into one matrix."""
+    parts: list[nn.Module] = []
+    int4: list[Int4Rows] = []
+    int8: list[torch.Tensor] = []
+
+    def flush() -> None:
+        if int4:
+            parts.append(Int4Matrix(Int4Rows(*(torch.cat(xs) for xs in zip(
+                *((r.q, r.scale, r.zero) for r in int4), strict=True))), dtype))
+            int4.clear()
+        if int8:
+            parts.append(Int8Matrix(torch.cat(int8), dtype))
+            int8.clear()
+
+    for _, src in sources:
+        if isinstance(src, torch.Tensor):
+            summary["float -> int8 per row"] += 1
+            int8.append(src.float())
+        elif kind == "q4" and src.qtype in INT4_EXACT:
+            summary[f"{src.type_name} -> int4 (exact)"] += 1
+            if int8:
+                flush()
+            int4.append(decode_int4(src))
+        else:
+            summary[f"{src.type_name} -> int8 per row (requantised)"] += 1
+            if int4:
+                flush()
+            int8.append(dequantize_rows(src))
+    flush()
+    return parts
+
+
+def quantize_model(model: DecoderLM, kind: str,
+                   blocks: Mapping[str, BlockTensor] | None = None) -> DecoderLM:
+    """Replace every Linear (LM head included) by a QuantLinear, in place.
+
+    With `blocks` (a GGUF's matrices by Hugging Face name) the weights come from them;
+    without, `q8` quantises the model's own weights and `q4` is refused (it exists to run
+    a GGUF's own 4-bit blocks). The activation dtype stays the model's. Sets
+    `model.quant_summary`: how many matrices took which path.
+    """
+    if kind not in QUANT_KINDS:
+        raise InvalidArgumentError(f"unknown quantisation {kind!r}; choose q4 or q8")
+    if kind == "q4" and blocks is None:
+        raise InvalidArgumentError(
+            "--dtype q4 runs a GGUF's own 4-bit blocks: pass a catalogue name or a .gguf file")
+    dtype, tied = model.dtype, model.config.tie_word_embeddings
+    summary: Counter = Counter()
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    for name, linear in linears:
+        if blocks is None:
+            sources: list[tuple[str, BlockTensor | torch.Tensor]] = [(name, linear.weight)]
+        else:
+            sources = []
+            for hf in hf_weight_names(name, tied):
+                if hf not in blocks:
+                    raise IntegrityError(f"the GGUF has no tensor {hf} (for {name})")
+                sources.append((hf, blocks[hf]))
+            rows = sum(b.shape[0] for _, b in sources)
+            if (rows, linear.in_features) != (linear.out_features, sources[0][1].shape[1]):
+                raise IntegrityError(
+                    f"{name}: GGUF shape ({rows}, {sources[0][1].shape[1]}) does not match "
+                    f"the model's ({linear.out_features}, {linear.in_features})")
+        bias = linear.bias
+        quant = QuantLinear(_runs(sources, kind, dtype, summary), linear.in_features, bias, dtype)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, quant)
+    model.quant_summary = dict(summary)
+    return model
