@@ -63,7 +63,7 @@ PRESETS: dict[str, Preset] = {
         methods=(
             "speculative:draft=prompt-lookup,gamma=auto",
             "speculative:draft=ngram,gamma=auto",
-            "speculative:draft=prompt-lookup,gamma=auto,branches=auto",
+            "speculative:draft=prompt-lookup,gamma=auto",
             "speculative:gamma=auto",
             "speculative:gamma=3",
         ),
@@ -75,14 +75,14 @@ PRESETS: dict[str, Preset] = {
     ),
     "cpu": Preset(
         "llama.cpp backend, fast numerics, greedy, 128 new tokens, all turns: the "
-        "configuration users get, prompt lookup with cost-chosen branches and the 0.5B draft "
-        "under the cost model against llama.cpp's own plain, lookup and speculative (0.5B) "
+        "configuration users get (default), prompt lookup and the 0.5B draft under the cost "
+        "model against llama.cpp's own plain, lookup and speculative (0.5B) "
         "decoding, on the copy-heavy sets (code-edit, rag-qa, grammar, news-summarization, "
         "MT-Bench turn 2) and free generation (HumanEval, MT-Bench turn 1); first 2 prompts "
         "each: 14 prompt turns x 7 contestants, about half an hour on a 2-core CPU",
         methods=(
             "default",
-            "speculative:draft=prompt-lookup,gamma=auto,branches=auto",
+            "speculative:draft=prompt-lookup,gamma=auto",
             "speculative:gamma=auto",
         ),
         datasets=(*COPY_HEAVY_SETS, *FREE_SETS),

@@ -29,10 +29,11 @@ from draftsman.store.catalogue import CATALOGUE
 from draftsman.store.home import draftsman_home
 
 DEFAULT = "default"
-# The built-in defaults when nothing was measured: on llama.cpp the free prompt-lookup
-# drafter with the cost-model γ (it decodes plainly where guesses do not pay); on torch
-# plain decoding, as before backends were chosen automatically.
-DEFAULT_METHOD = "speculative:draft=prompt-lookup,gamma=auto"
+# The built-in defaults when nothing was measured: on llama.cpp the free suffix drafter
+# (prompt, reply so far and the client's history) with the cost-model γ, which verifies no
+# guess where none pays; on torch plain decoding, as before backends were chosen
+# automatically.
+DEFAULT_METHOD = "speculative:draft=suffix,gamma=auto"
 TORCH_DEFAULT_METHOD = "autoregressive"
 RECORD_FILE = "default-methods.json"
 VERSION = 1
