@@ -18,7 +18,6 @@ import torch
 
 from draftsman.backends.choose import (
     AUTO,
-    BACKENDS,
     CHOICES,
     DEFAULT_DTYPE,
     BackendChoice,
@@ -64,7 +63,7 @@ class LoadedModel:
 def check_backend(backend: str, numerics: str) -> None:
     """Refuse an unknown backend or numerics mode before any model loads. The torch backend
     has one mode, "fast": batch-variant in bf16, exact in fp32, nothing to trade."""
-    if backend not in BACKENDS:
+    if backend not in CHOICES:  # "auto" passes here and is checked again once chosen
         raise InvalidArgumentError(
             f"unknown backend {backend!r}; choose from {', '.join(CHOICES)}")
     if numerics not in NUMERICS:
@@ -416,12 +415,7 @@ def load(
     method, which runs on both); else torch. `engine.backend_reason` says why. `device`:
     auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N; a GPU that is
     not there is a DeviceError."""
-    if backend not in CHOICES:
-        raise InvalidArgumentError(
-            f"unknown backend {backend!r}; choose from {', '.join(CHOICES)}")
-    if numerics not in NUMERICS:
-        raise InvalidArgumentError(
-            f"unknown --numerics {numerics!r}; choose from {', '.join(NUMERICS)}")
+    check_backend(backend, numerics)
     if threads is not None and threads < 1:
         raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
     torch_dtype = parse_dtype(dtype)

