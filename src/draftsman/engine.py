@@ -31,6 +31,7 @@ from draftsman.errors import DraftsmanError, InvalidArgumentError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.loader import QUANT_ALIASES, load_model, parse_dtype
+from draftsman.models.static_step import StaticModel
 from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.base import check_fits
@@ -48,7 +49,7 @@ DEFAULT_DRAFTS = {DEFAULT_TARGET: DEFAULT_DRAFT}
 class LoadedModel:
     name: str
     folder: Path
-    model: DecoderLM
+    model: DecoderLM | StaticModel
     tokenizer: Tokenizer
 
     @property
@@ -84,6 +85,11 @@ def pick_device(device: str | torch.device | None, backend: str = "torch",
     if str(dtype) in QUANT_ALIASES:
         return resolve_device(device, cpu_only=f"--dtype {dtype} runs on the CPU only")
     return resolve_device(device)
+
+
+def check_static(static: bool, backend: str) -> None:
+    if static and backend != "torch":
+        raise InvalidArgumentError(f"--static needs --backend torch, not {backend}")
 
 
 MethodSpec = tuple[str, Mapping[str, Any]]  # (method name, options)
@@ -145,18 +151,21 @@ def pick_backend(target: str | Path, requested: str = AUTO, *, dtype: str = DEFA
 
 def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
                 backend: str = "torch", numerics: str = "fast",
-                device: str | torch.device | None = "cpu") -> LoadedModel:
+                device: str | torch.device | None = "cpu", static: bool = False
+                ) -> LoadedModel:
     """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name.
 
     backend "torch" runs our own models/ in `dtype` on `device` (auto, cpu, cuda[:N]);
     "llama.cpp" runs the model's GGUF on llama.cpp (its own quantisation; `dtype` is
     ignored; CPU only), so it needs a catalogue name or a .gguf file. The folder is used for
     the config and tokenizer either way. `numerics` ("fast" or "bitwise") is llama.cpp's
-    feeding mode (backends/llama_cpp.py).
+    feeding mode (backends/llama_cpp.py). `static` (torch only): short forwards run at fixed
+    shapes, as CUDA graphs on a GPU (models/static_step.py).
     """
     from draftsman.store.resolve import resolve_gguf, resolve_model
 
     check_backend(backend, numerics)
+    check_static(static, backend)
     placed = pick_device(device, backend, dtype)  # before any download: fail fast
     folder = resolve_model(str(spec))
     if backend == "llama.cpp":
@@ -166,6 +175,8 @@ def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
         model = LlamaCppLM(gguf, ModelConfig.from_folder(folder), numerics=numerics)
     else:
         model = load_model(folder, dtype, gguf=_quant_source(str(spec), dtype), device=placed)
+        if static:
+            model = StaticModel(model)
     tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
     return LoadedModel(str(spec), Path(folder), model, tokenizer)
 
@@ -251,20 +262,23 @@ class Result:
 class Engine:
     def __init__(self, target: LoadedModel, dtype: torch.dtype = torch.bfloat16,
                  backend: str = "torch", numerics: str = "fast",
-                 device: torch.device | None = None, backend_reason: str = "") -> None:
+                 device: torch.device | None = None, backend_reason: str = "",
+                 static: bool = False) -> None:
         self.target = target
         self.dtype = dtype
         self.backend = backend
         self.numerics = numerics
         self.device = device or torch.device("cpu")  # where every model of this engine lives
         self.backend_reason = backend_reason  # why `backend` was chosen (--verbose)
+        self.static = static  # every model of this engine runs static-shape steps
         self._models: dict[str, LoadedModel] = {target.name: target}
 
     # ---- models -------------------------------------------------------------------
     def model(self, spec: str) -> LoadedModel:
         """Load (once) and return a companion model, checked against the target's vocabulary."""
         if spec not in self._models:
-            bundle = load_bundle(spec, self.dtype, self.backend, self.numerics, self.device)
+            bundle = load_bundle(spec, self.dtype, self.backend, self.numerics, self.device,
+                                 self.static)
             check_same_vocabulary(self.target.tokenizer, bundle.tokenizer, self.target.name,
                                   bundle.name)
             if bundle.config.vocab_size != self.target.config.vocab_size:
@@ -408,14 +422,19 @@ def load(
     numerics: str = "fast",
     methods: Sequence[MethodSpec] = (),
     device: str | torch.device | None = "auto",
+    static: bool = False,
 ) -> Engine:
     """Load `target` (and `draft`) once. `backend="auto"` picks llama.cpp on a machine
     without a CUDA GPU when the models have a GGUF, `dtype` is the default and llama.cpp
     runs every one of `methods` ((name, options) pairs you mean to run; none: the default
     method, which runs on both); else torch. `engine.backend_reason` says why. `device`:
     auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N; a GPU that is
-    not there is a DeviceError."""
+    not there is a DeviceError. `static`: fixed-shape decode and verify steps, replayed as
+    CUDA graphs on a GPU (torch only; `backend="auto"` then means torch)."""
     check_backend(backend, numerics)
+    if static and backend == AUTO:
+        backend = "torch"
+    check_static(static, backend)
     if threads is not None and threads < 1:
         raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
     torch_dtype = parse_dtype(dtype)
@@ -424,8 +443,8 @@ def load(
     placed = pick_device(device, choice.backend, dtype)
     if threads is not None:
         torch.set_num_threads(threads)
-    engine = Engine(load_bundle(target, torch_dtype, choice.backend, numerics, placed),
-                    torch_dtype, choice.backend, numerics, placed, choice.reason)
+    engine = Engine(load_bundle(target, torch_dtype, choice.backend, numerics, placed, static),
+                    torch_dtype, choice.backend, numerics, placed, choice.reason, static)
     if draft is not None:
         engine.model(draft)
     return engine
@@ -433,11 +452,11 @@ def load(
 
 def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = None,
              dtype: str = DEFAULT_DTYPE, backend: str = AUTO, device: str = "auto",
-             **kwargs: Any) -> Result:
+             static: bool = False, **kwargs: Any) -> Result:
     method = kwargs.get("method", DEFAULT)
     options = {k: v for k, v in kwargs.items() if k not in _PREPARE_KEYS}
     engine = load(target, draft=draft, dtype=dtype, backend=backend, device=device,
-                  methods=[(method, options)])
+                  static=static, methods=[(method, options)])
     return engine.generate(prompt, **kwargs)
 
 

@@ -38,6 +38,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                              "kernels (catalogue names and .gguf files; --dtype is ignored)")
     add_numerics_arg(parser)
     add_device_arg(parser)
+    parser.add_argument("--static", action="store_true",
+                        help="torch: decode and verify steps of up to 64 rows at fixed "
+                             "shapes over the whole KV cache, replayed as CUDA graphs on a "
+                             "GPU (the GPU path; on the CPU it only costs time)")
 
 
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
@@ -160,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         registry.method_options(args.method, options)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
                             backend=args.backend, numerics=args.numerics, device=args.device,
-                            methods=[(args.method, options)])
+                            static=args.static, methods=[(args.method, options)])
     method, options, why = engine.resolve_method(args.method, options)
     if args.verbose:
         report_choices(engine, why)

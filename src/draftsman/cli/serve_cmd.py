@@ -142,6 +142,7 @@ def build_app(args: argparse.Namespace):
     # without --method the backend is chosen for the default method, not the torch fallback
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
                             backend=args.backend, numerics=args.numerics, device=args.device,
+                            static=args.static,
                             methods=[(method, options)] if args.method else [])
     why = ""
     if args.method is None and (engine.backend != "torch" or engine.default_method().measured):

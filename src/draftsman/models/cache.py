@@ -38,6 +38,16 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
 
+    @classmethod
+    def from_buffers(cls, k: torch.Tensor, v: torch.Tensor) -> KVCache:
+        """An empty cache over existing k, v [L, B, H_kv, S, D] buffers (whatever they hold
+        is stale: slots at and past `length` are never read)."""
+        cache = cls.__new__(cls)
+        cache.k, cache.v = k, v
+        cache.capacity = k.shape[3]
+        cache.length = 0
+        return cache
+
     def check_room(self, end: int) -> None:
         if end > self.capacity:
             raise ContextOverflowError(
