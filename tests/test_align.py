@@ -51,6 +51,19 @@ def save_folder(hf, path: Path, dtype=torch.float32) -> Path:
     return path
 
 
+def sharp_pair_folders(root: Path) -> tuple[Path, Path]:
+    """A confident tiny llama target and a noisy copy as its draft, saved as model folders:
+    the draft agrees often but not always, so both acceptance and rejection paths run."""
+    target = hf_model("llama", seed=3)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4)
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return save_folder(target, root / "target"), save_folder(draft, root / "draft")
+
+
 def student_and_teacher(seed: int = 1) -> tuple:
     """A 2-layer student and a teacher that differs from it by a rank-2 change of every
     attention output projection: a difference LoRA can represent, so alignment is

@@ -6,13 +6,11 @@ on a GPU machine); the resolver's GPU branches are tested here with torch.cuda p
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
 import torch
-from test_align import save_folder
-from tiny import hf_model
+from test_align import sharp_pair_folders
 
 import draftsman
 from draftsman.cli.main import build_parser, main
@@ -126,15 +124,7 @@ def test_cpu_sampler_draws_as_before() -> None:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("device")
-    target = hf_model("llama", seed=3)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(4)
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return save_folder(target, root / "target"), save_folder(draft, root / "draft")
+    return sharp_pair_folders(tmp_path_factory.mktemp("device"))
 
 
 PROMPT = [5, 17, 42, 8, 9, 11, 5, 17]

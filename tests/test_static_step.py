@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_align import save_folder
+from test_align import sharp_pair_folders
 from tiny import assert_cache_holds, hf_model, ours_from_hf, tiny_pair
 
 import draftsman
@@ -203,16 +203,7 @@ def test_greedy_generation_is_identical(target) -> None:
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("static")
-    target = hf_model("llama", seed=3)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(4)
-    draft = hf_model("llama", seed=3)
-    with torch.no_grad():
-        draft.lm_head.weight.mul_(4)
-        for p in draft.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return save_folder(target, root / "target"), save_folder(draft, root / "draft")
+    return sharp_pair_folders(tmp_path_factory.mktemp("static"))
 
 
 PROMPT = [5, 17, 42, 8, 9, 11, 5, 17]
