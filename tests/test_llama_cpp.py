@@ -216,12 +216,17 @@ def test_verify_cost_profile_on_the_backend(smol):
     assert latency[16] > latency[1]  # more rows cost more on a CPU
 
 
+def plain_peer_and_ours(engine, model: str, tokens: int = 32) -> tuple:
+    """llama.cpp's own plain loop and our autoregressive decoding on the same prompt ids."""
+    ids = engine.encode_prompt(PROMPTS[0])
+    ref = engine.generate(ids, max_new_tokens=tokens)
+    peer = LlamaCppPlainPeer(resolve_gguf(model), torch.get_num_threads(),
+                             engine.target.tokenizer.eos_token_ids)
+    return peer.run(ids, Sampling(max_new_tokens=tokens), seed=0), ref
+
+
 def test_plain_peer_matches_our_autoregressive(smol):
-    ids = smol.encode_prompt(PROMPTS[0])
-    ref = smol.generate(ids, max_new_tokens=32)
-    peer = LlamaCppPlainPeer(resolve_gguf(SMOL), torch.get_num_threads(),
-                             smol.target.tokenizer.eos_token_ids)
-    out = peer.run(ids, Sampling(max_new_tokens=32), seed=0)
+    out, ref = plain_peer_and_ours(smol, SMOL)
     assert out.token_ids == ref.token_ids and out.seconds > 0
 
 
@@ -307,11 +312,7 @@ def test_fast_mode_is_exact_above_the_margin_bound(fast_pair):
 
 def test_fast_plain_peer_matches_our_fast_autoregressive(fast_pair):
     """Fast mode runs on llama.cpp's defaults, like its own plain loop: token-identical."""
-    ids = fast_pair.encode_prompt(PROMPTS[0])
-    ref = fast_pair.generate(ids, max_new_tokens=32)
-    peer = LlamaCppPlainPeer(resolve_gguf(TARGET), torch.get_num_threads(),
-                             fast_pair.target.tokenizer.eos_token_ids)
-    out = peer.run(ids, Sampling(max_new_tokens=32), seed=0)
+    out, ref = plain_peer_and_ours(fast_pair, TARGET)
     assert out.token_ids == ref.token_ids
 
 
