@@ -1,0 +1,394 @@
+// y = x W^T where W is a GGUF matrix kept in its own K-quant blocks (Q4_K or Q6_K).
+//
+// Decoding reads every weight once per token, so the bytes per weight set the floor on
+// latency: the blocks are read as the GGUF stores them (4.5 and 6.6 bits per weight), never
+// unpacked in memory. Each row of x is first quantised to int8 per 256-wide block (one float
+// scale d_x and 16 partial sums, like llama.cpp's Q8_K), so a block's dot product runs on
+// integer multiply-adds (AVX2 maddubs: unsigned weight nibbles x signed activations).
+//
+// Invariant (batch invariance): y[m, n] depends on row m of x and row n of W only, computed
+// in the same order whatever the number of rows M and however rows are split over threads.
+// Exact decoding methods on this path therefore emit their own autoregressive tokens.
+//
+// Block layouts (256 weights each; f16 = IEEE half):
+//   Q4_K (144 B): d f16, dmin f16, 12 B of packed 6-bit (scale, min) for 8 sub-blocks of 32,
+//                 128 B of nibbles. w = d * sc_j * q - dmin * m_j, q in 0..15.
+//                 Nibble bytes 32p..32p+31: low nibble -> sub-block 2p, high -> 2p+1.
+//   Q6_K (210 B): 128 B low 4 bits, 64 B high 2 bits, 16 int8 scales, d f16.
+//                 w = d * sc_i * (q - 32), q in 0..63, sub-block i = elements 16i..16i+15.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define DRAFTSMAN_AVX2 1
+#else
+#define DRAFTSMAN_AVX2 0
+#endif
+
+namespace {
+
+constexpr int QK = 256;  // weights per super-block
+constexpr int Q4K_BYTES = 144;
+constexpr int Q6K_BYTES = 210;
+constexpr int64_t TYPE_Q4_K = 12;  // GGML type numbers
+constexpr int64_t TYPE_Q6_K = 14;
+
+// One 256-wide block of an activation row quantised to int8: x ~= d * q.
+struct Q8Block {
+  float d;
+  int8_t q[QK];
+  int16_t bsums[QK / 16];  // sums of q over each 16 elements
+  int16_t psums[QK / 32];  // sums of q over each 32 elements
+};
+
+float half_to_float(uint16_t h) {
+  // IEEE binary16 -> binary32, subnormals included
+  const uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float read_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return half_to_float(h);
+}
+
+void quantize_row(const float* x, int64_t k, Q8Block* out) {
+  for (int64_t b = 0; b < k / QK; ++b) {
+    const float* xb = x + b * QK;
+    float amax = 0.f;
+    for (int i = 0; i < QK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    Q8Block& o = out[b];
+    o.d = amax / 127.f;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int i = 0; i < QK; ++i) {
+      o.q[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
+    }
+    for (int s = 0; s < QK / 16; ++s) {
+      int sum = 0;
+      for (int i = 0; i < 16; ++i) sum += o.q[16 * s + i];
+      o.bsums[s] = static_cast<int16_t>(sum);
+    }
+    for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
+  }
+}
+
+// The 6-bit (scale, min) pair of Q4_K sub-block j.
+void q4k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// ---- scalar reference (any CPU; the tests hold the SIMD path to it) ----
+
+float dot_q4k_scalar(const uint8_t* w, const Q8Block* x, int64_t nb) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < nb; ++b, w += Q4K_BYTES) {
+    const float d = read_half(w) * x[b].d;
+    const float dmin = read_half(w + 2) * x[b].d;
+    const uint8_t* qs = w + 16;
+    int isum = 0, msum = 0;
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      q4k_scale_min(w + 4, j, &sc, &m);
+      const uint8_t* bytes = qs + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      int dot = 0;
+      for (int l = 0; l < 32; ++l) dot += ((bytes[l] >> shift) & 15) * x[b].q[32 * j + l];
+      isum += sc * dot;
+      msum += m * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+    }
+    sum += d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
+  }
+  return sum;
+}
+
+// Q6_K element e (0..255) of one block, as 0..63.
+int q6k_value(const uint8_t* w, int e) {
+  const int half = e / 128, r = e % 128, chunk = r / 32, l = r % 32;
+  const uint8_t* ql = w + 64 * half;
+  const uint8_t* qh = w + 128 + 32 * half;
+  // chunk 0: ql[l] low, 1: ql[l+32] low, 2: ql[l] high, 3: ql[l+32] high
+  const uint8_t lb = ql[l + 32 * (chunk % 2)];
+  const int lo4 = chunk < 2 ? (lb & 15) : (lb >> 4);
+  const int hi2 = (qh[l] >> (2 * chunk)) & 3;
+  return lo4 | (hi2 << 4);
+}
+
+float dot_q6k_scalar(const uint8_t* w, const Q8Block* x, int64_t nb) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < nb; ++b, w += Q6K_BYTES) {
+    const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
+    int isum = 0;
+    for (int i = 0; i < 16; ++i) {
+      int dot = 0;
+      for (int l = 0; l < 16; ++l) dot += q6k_value(w, 16 * i + l) * x[b].q[16 * i + l];
+      isum += scales[i] * (dot - 32 * x[b].bsums[i]);
+    }
+    sum += read_half(w + 208) * x[b].d * static_cast<float>(isum);
+  }
+  return sum;
+}
+
+// ---- AVX2 ----
+
+#if DRAFTSMAN_AVX2
+float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+float fast_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// The 8 scales and 8 mins of a Q4_K block, unpacked from their 12 bytes four at a time
+// (bytewise, the same rule as q4k_scale_min): out[0..7] scales, out[8..15] mins.
+void q4k_unpack_scales(const uint8_t* s, uint8_t* out) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t six = 0x3f3f3f3fu, four = 0x0f0f0f0fu, two = 0x03030303u;
+  const uint32_t words[4] = {a & six, (c & four) | (((a >> 6) & two) << 4), b & six,
+                             ((c >> 4) & four) | (((b >> 6) & two) << 4)};
+  std::memcpy(out, words, 16);
+}
+
+// R rows of x against one weight row: the weights are unpacked once per block and reused.
+template <int R>
+void q4k_rows_avx2(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t stride, float* out) {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  __m256 acc[R];
+  float mins[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    mins[r] = 0.f;
+  }
+  for (int64_t b = 0; b < nb; ++b, w += Q4K_BYTES) {
+    alignas(16) uint8_t sm[16];
+    q4k_unpack_scales(w + 4, sm);
+    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+    const float d = fast_half(w), dmin = fast_half(w + 2);
+    __m256i q[8];
+    for (int p = 0; p < 4; ++p) {
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * p));
+      q[2 * p] = _mm256_and_si256(bytes, low4);
+      q[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Q8Block& xb = x[r * stride + b];
+      __m256i iacc = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q + 32 * j));
+        // u8 x s8 pairs -> s16 (|.| <= 2 * 15 * 127), x the sub-block scale -> s32
+        iacc = _mm256_add_epi32(
+            iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv), _mm256_set1_epi16(sm[j])));
+      }
+      // sum_j min_j * (sum of x over sub-block j)
+      __m128i mp = _mm_madd_epi16(mins16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.psums)));
+      mp = _mm_add_epi32(mp, _mm_shuffle_epi32(mp, 0x4e));
+      mp = _mm_add_epi32(mp, _mm_shuffle_epi32(mp, 0xb1));
+      const int msum = _mm_cvtsi128_si32(mp);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(iacc), acc[r]);
+      mins[r] += dmin * xb.d * static_cast<float>(msum);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - mins[r];
+}
+
+template <int R>
+void q6k_rows_avx2(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t stride, float* out) {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  const __m256i two = _mm256_set1_epi8(3);
+  __m256 acc[R];
+  float offsets[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    offsets[r] = 0.f;
+  }
+  for (int64_t b = 0; b < nb; ++b, w += Q6K_BYTES) {
+    const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    const float d = fast_half(w + 208);
+    __m256i q[8], sc[8];
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = w + 64 * half;
+      const uint8_t* qh = w + 128 + 32 * half;
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+      __m256i* o = q + 4 * half;
+      o[0] = _mm256_or_si256(_mm256_and_si256(a, low4),
+                             _mm256_slli_epi16(_mm256_and_si256(h, two), 4));
+      o[1] = _mm256_or_si256(_mm256_and_si256(c, low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two), 4));
+      o[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two), 4));
+      o[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two), 4));
+    }
+    for (int j = 0; j < 8; ++j) {  // 32 elements = sub-blocks 2j (first 16) and 2j + 1
+      sc[j] = _mm256_set_m128i(_mm_set1_epi16(scales[2 * j + 1]), _mm_set1_epi16(scales[2 * j]));
+    }
+    for (int r = 0; r < R; ++r) {
+      const Q8Block& xb = x[r * stride + b];
+      __m256i iacc = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q + 32 * j));
+        // u8 (0..63) x s8 pairs -> s16 (|.| <= 2 * 63 * 127), x scale pairs -> s32
+        iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv), sc[j]));
+      }
+      // sum_i sc_i * bsums_i, for the -32 in (q - 32)
+      const __m256i op = _mm256_madd_epi16(
+          sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
+      __m128i o4 = _mm_add_epi32(_mm256_castsi256_si128(op), _mm256_extracti128_si256(op, 1));
+      o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0x4e));
+      o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0xb1));
+      const int offset = _mm_cvtsi128_si32(o4);
+      const float dd = d * xb.d;
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(iacc), acc[r]);
+      offsets[r] += dd * static_cast<float>(32 * offset);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - offsets[r];
+}
+#endif
+
+// out[r] = dot(weight row w, x row r) for r < R; x rows are `stride` blocks apart.
+using RowsFn = void (*)(const uint8_t*, const Q8Block*, int64_t, int64_t, float*);
+
+template <float (*Dot)(const uint8_t*, const Q8Block*, int64_t), int R>
+void rows_scalar(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t stride, float* out) {
+  for (int r = 0; r < R; ++r) out[r] = Dot(w, x + r * stride, nb);
+}
+
+// Kernels for 1..4 rows at a time; a batch of M rows runs as 4-row groups and a remainder,
+// each row's arithmetic being the same in every group size.
+struct Kernels {
+  RowsFn rows[5];
+};
+
+Kernels pick(int64_t qtype, bool simd) {
+#if DRAFTSMAN_AVX2
+  if (simd && qtype == TYPE_Q4_K) {
+    return {{nullptr, q4k_rows_avx2<1>, q4k_rows_avx2<2>, q4k_rows_avx2<3>, q4k_rows_avx2<4>}};
+  }
+  if (simd) {
+    return {{nullptr, q6k_rows_avx2<1>, q6k_rows_avx2<2>, q6k_rows_avx2<3>, q6k_rows_avx2<4>}};
+  }
+#endif
+  (void)simd;
+  if (qtype == TYPE_Q4_K) {
+    return {{nullptr, rows_scalar<dot_q4k_scalar, 1>, rows_scalar<dot_q4k_scalar, 2>,
+             rows_scalar<dot_q4k_scalar, 3>, rows_scalar<dot_q4k_scalar, 4>}};
+  }
+  return {{nullptr, rows_scalar<dot_q6k_scalar, 1>, rows_scalar<dot_q6k_scalar, 2>,
+           rows_scalar<dot_q6k_scalar, 3>, rows_scalar<dot_q6k_scalar, 4>}};
+}
+
+at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, bool simd) {
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_mm: qtype must be Q4_K or Q6_K");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(),
+              "kquant_mm: x must be a contiguous float32 or bfloat16 [M, K] tensor");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "kquant_mm: w must be a contiguous uint8 [N, bytes] tensor");
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  TORCH_CHECK(k % QK == 0, "kquant_mm: K must be a multiple of 256");
+  const int64_t nb = k / QK;
+  const int64_t row_bytes = nb * (qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES);
+  TORCH_CHECK(w.size(1) == row_bytes, "kquant_mm: w rows hold ", w.size(1), " bytes, not ",
+              row_bytes);
+  std::vector<Q8Block> xq(static_cast<size_t>(m * nb));
+  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = begin; r < end; ++r) {
+      if (bf16) {
+        const c10::BFloat16* xr = x.data_ptr<c10::BFloat16>() + r * k;
+        for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xr[i]);
+      } else {
+        std::memcpy(row.data(), x.data_ptr<float>() + r * k, sizeof(float) * k);
+      }
+      quantize_row(row.data(), k, xq.data() + r * nb);
+    }
+  });
+  // results in x's dtype (bf16: rounded to nearest even once, from the float32 sum)
+  at::Tensor y = at::empty({m, n}, x.options());
+  float* yf = bf16 ? nullptr : y.data_ptr<float>();
+  c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() : nullptr;
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const Kernels kernels = pick(qtype, simd);
+  // each output column is one thread's work: the split never changes a value
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    float out[4];
+    for (int64_t j = begin; j < end; ++j) {
+      const uint8_t* row = wp + j * row_bytes;
+      for (int64_t r0 = 0; r0 < m; r0 += 4) {
+        const int rows = static_cast<int>(std::min<int64_t>(4, m - r0));
+        kernels.rows[rows](row, xq.data() + r0 * nb, nb, nb, out);
+        for (int r = 0; r < rows; ++r) {
+          if (bf16) {
+            yb[(r0 + r) * n + j] = c10::BFloat16(out[r]);
+          } else {
+            yf[(r0 + r) * n + j] = out[r];
+          }
+        }
+      }
+    }
+  });
+  return y;
+}
+
+bool has_simd() { return DRAFTSMAN_AVX2 != 0; }
+
+}  // namespace
+
+TORCH_LIBRARY(draftsman, m) {
+  m.def("kquant_mm(Tensor x, Tensor w, int qtype, bool simd=True) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(draftsman, CPU, m) { m.impl("kquant_mm", &kquant_mm); }
+
+extern "C" int draftsman_kquant_simd() { return has_simd() ? 1 : 0; }

@@ -1,0 +1,122 @@
+"""Build and load the C++ kernels of this folder as PyTorch operators (`torch.ops.draftsman`).
+
+The kernels are compiled once per source, PyTorch version and instruction set into
+`~/.cache/draftsman/kernels/` with the machine's C++ compiler (`make setup` does it ahead;
+otherwise the first use does, in about 10 s). They run inside PyTorch's own thread pool
+(`at::parallel_for`), so `torch.set_num_threads` governs them like any other operator.
+
+Where no compiler is found or the build fails, `kquant_available()` is False with the reason
+in `unavailable_reason()`, and callers fall back to PyTorch's packed kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from draftsman.store.home import draftsman_home
+
+SOURCE = Path(__file__).with_name("gguf_matmul.cpp")
+_reason: list[str] = []
+
+
+def simd_flags() -> list[str]:
+    """Where the CPU has AVX2 (the kernels' fast path): tuned for this very CPU (10% faster
+    than plain -mavx2 on an EPYC; the build is keyed by the CPU's flags). None elsewhere."""
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        return ["-march=native", "-mavx2", "-mfma", "-mf16c"]
+    return []
+
+
+def cpu_signature() -> str:
+    """The CPU's model and feature flags: a -march=native build runs only where they match."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    keep = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(keep)))
+
+
+def library_path() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes())
+    key.update(torch.__version__.encode())
+    key.update(" ".join(simd_flags()).encode())
+    key.update(cpu_signature().encode())
+    return draftsman_home() / "kernels" / f"gguf_matmul-{key.hexdigest()[:12]}.so"
+
+
+def compile_command(out: Path) -> list[str]:
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++ or c++) on PATH")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        compiler, "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *simd_flags(),
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w",
+        *(f"-I{p}" for p in cpp_extension.include_paths()),
+        str(SOURCE), "-o", str(out),
+        *(f"-L{p}" for p in cpp_extension.library_paths()),
+        "-lc10", "-ltorch_cpu", "-ltorch",
+    ]
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the kernels unless this exact build exists; return the library's path."""
+    out = library_path()
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    cmd = compile_command(tmp)
+    if verbose:
+        print(f"building {SOURCE.name} -> {out}", file=sys.stderr)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"compiling {SOURCE.name} failed: {last}")
+    tmp.replace(out)  # atomic: a concurrent build never loads half a file
+    return out
+
+
+@cache
+def _load() -> bool:
+    try:
+        torch.ops.load_library(str(build()))
+    except (RuntimeError, OSError) as exc:
+        _reason.append(str(exc).splitlines()[0])
+        return False
+    return True
+
+
+def kquant_available() -> bool:
+    """Whether torch.ops.draftsman.kquant_mm is loaded (building it on first call)."""
+    if os.environ.get("DRAFTSMAN_NO_NATIVE"):
+        if not _reason:
+            _reason.append("DRAFTSMAN_NO_NATIVE is set")
+        return False
+    return _load()
+
+
+def unavailable_reason() -> str:
+    return _reason[0] if _reason else ""
+
+
+def simd_built() -> bool:
+    """Whether the loaded kernels use the AVX2 path (False: the portable scalar one)."""
+    return bool(simd_flags()) and kquant_available()
+
+
+if __name__ == "__main__":
+    print(build(verbose=True))

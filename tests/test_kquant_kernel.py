@@ -1,0 +1,102 @@
+"""The K-quant kernel (kernels/gguf_matmul.cpp): Q4_K / Q6_K blocks as stored, x in int8.
+
+Held to an independent reference: gguf's own dequantisation of the blocks times activations
+quantised per 256 the way the kernel documents (d = max|x| / 127, round half to even). The
+SIMD path is held to the kernel's scalar path, every row to itself computed alone (batch
+invariance, thread-count invariance), and a corrupted block must change the answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+from test_quant import random_blocks
+
+from draftsman.kernels.native import kquant_available, simd_flags
+
+pytestmark = pytest.mark.skipif(not kquant_available(), reason="no C++ compiler here")
+
+TYPES = [Q.Q4_K, Q.Q6_K]
+
+
+def mm(x: torch.Tensor, rows: np.ndarray, qtype: Q, simd: bool = True) -> torch.Tensor:
+    return torch.ops.draftsman.kquant_mm(x, torch.from_numpy(rows), int(qtype), simd)
+
+
+def reference(x: torch.Tensor, rows: np.ndarray, qtype: Q) -> np.ndarray:
+    """float64 sum of gguf's dequantised weights times x quantised per 256-wide block."""
+    n = rows.shape[0]
+    w = dequantize(rows, qtype).astype(np.float64).reshape(n, -1)
+    xf = x.float().numpy()
+    blocks = xf.reshape(xf.shape[0], -1, 256)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.maximum(amax, 1e-30), 0).astype(np.float32)
+    q = np.rint(blocks * inv)  # half to even, as nearbyint in the default rounding mode
+    xq = (q * (amax / np.float32(127)).astype(np.float32)).reshape(xf.shape)
+    return xq.astype(np.float64) @ w.T
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_kernel_computes_the_ggufs_weights_on_int8_activations(qtype):
+    rows = random_blocks(qtype, 40, 768, seed=7)
+    x = torch.randn(6, 768)
+    got = mm(x, rows, qtype).double().numpy()
+    want = reference(x, rows, qtype)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    # and the activation rounding is what separates it from float activations
+    exact = x.double().numpy() @ dequantize(rows, qtype).astype(np.float64).reshape(40, -1).T
+    assert np.abs(got - exact).max() > 1e-4 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_a_corrupted_block_changes_the_answer(qtype):
+    rows = random_blocks(qtype, 16, 256, seed=1)
+    x = torch.randn(1, 256)
+    bad = rows.copy()
+    data = slice(16, 144) if qtype == Q.Q4_K else slice(0, 128)
+    bad[:, data] = (bad[:, data] >> 4) | (bad[:, data] << 4)  # swap nibbles
+    assert not torch.allclose(mm(x, rows, qtype), mm(x, bad, qtype), rtol=1e-3)
+
+
+@pytest.mark.skipif(not simd_flags(), reason="no AVX2 on this CPU")
+@pytest.mark.parametrize("qtype", TYPES)
+def test_simd_path_equals_the_scalar_path(qtype):
+    rows = random_blocks(qtype, 33, 1024, seed=2)
+    x = torch.randn(7, 1024)
+    fast, slow = mm(x, rows, qtype), mm(x, rows, qtype, simd=False)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5 * float(slow.abs().max()))
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_every_row_is_the_same_alone_in_any_batch_and_thread_count(qtype):
+    rows = random_blocks(qtype, 48, 512, seed=3)
+    x = torch.randn(11, 512)
+    alone = torch.cat([mm(x[i:i + 1].contiguous(), rows, qtype) for i in range(11)])
+    threads = torch.get_num_threads()
+    try:
+        for m in (2, 3, 4, 5, 9, 11):
+            torch.set_num_threads(1 + m % 2)
+            assert torch.equal(mm(x[:m].contiguous(), rows, qtype), alone[:m]), m
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bf16_in_bf16_out_is_the_float_result_rounded_once():
+    rows = random_blocks(Q.Q4_K, 24, 512, seed=4)
+    xb = torch.randn(3, 512).bfloat16()
+    got = mm(xb, rows, Q.Q4_K)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, mm(xb.float(), rows, Q.Q4_K).bfloat16())
+
+
+def test_bad_shapes_are_one_line_errors():
+    rows = random_blocks(Q.Q4_K, 4, 256)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        mm(torch.randn(1, 128), np.ascontiguousarray(rows[:, :72]), Q.Q4_K)
+    with pytest.raises(RuntimeError, match="bytes"):
+        mm(torch.randn(1, 256), rows, Q.Q6_K)
+    with pytest.raises(RuntimeError, match="Q4_K or Q6_K"):
+        mm(torch.randn(1, 256), rows, Q.Q8_0)
