@@ -13,6 +13,7 @@ from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
+from draftsman.kernels.native import kquant_available, unavailable_reason
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import registry
 from draftsman.strategies.default_method import DEFAULT, DEFAULT_METHOD, TORCH_DEFAULT_METHOD
@@ -145,6 +146,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
     """--verbose: the backend and the default method taken, and why, on stderr."""
     print(f"backend: {engine.backend} ({engine.backend_reason})", file=sys.stderr)
+    summary = getattr(engine.target.model, "quant_summary", None)
+    if summary:
+        paths = ", ".join(f"{n} {kind}" for kind, n in summary.items())
+        print(f"weights: {paths}", file=sys.stderr)
+        if not kquant_available() and any(k.startswith(("Q4_K", "Q6_K")) for k in summary):
+            print(f"note: K-quant kernel unavailable ({unavailable_reason()}); "
+                  "PyTorch's packed kernels instead", file=sys.stderr)
     if default_why:
         print(f"method: default -> {default_why}", file=sys.stderr)
 
