@@ -373,3 +373,21 @@ def test_pipelined_on_q4_is_exact(q4_models):
             assert got == want
     finally:
         close_pools()
+
+
+@pytest.mark.parametrize("early_exit", [None, 1])
+def test_big_little_with_zero_rollback_on_q4_is_the_large_model(q4_models, early_exit):
+    """Every small token is checked by the q4 target in one batch and replaced by its own
+    choice: the output is the q4 target's autoregressive output (the small model: the q8
+    copy, or the target's first layer with an early exit)."""
+    from draftsman.strategies.big_little import BigLittle, BigLittleConfig
+
+    target = q4_models["target"]
+    small = None if early_exit else q4_models["draft"]
+    strat = BigLittle(target, small, BigLittleConfig(fallback=0.0, rollback=0.0, max_small=4),
+                      early_exit=early_exit)
+    for prompt in prompts(2):
+        want, _ = run(Autoregressive(target), prompt, max_new=16)
+        got, steps = run(strat, prompt, max_new=16)
+        assert got == want
+        assert sum(s.draft_forwards for s in steps) > 0  # the small model did run
