@@ -427,3 +427,37 @@ def test_cli_presets_and_overrides(monkeypatch):
     assert cfg.methods == ["speculative:gamma=2"] and cfg.limit == 3 and not cfg.peers
     with pytest.raises(InvalidArgumentError):
         config_from_args(parse(["bench", "--resume"]))
+
+
+def test_torch_q4_preset_runs_the_torch_only_methods_on_q4():
+    """--preset torch-q4: the three torch-only methods and prompt lookup on the q4 target
+    beside llama.cpp's plain loop, small enough for a 2-core CPU; --dtype overrides it."""
+    from draftsman.bench.peers import parse_peers
+    from draftsman.bench.presets import PRESETS
+    from draftsman.cli.bench_cmd import config_from_args
+    from draftsman.cli.main import build_parser
+
+    parse = build_parser().parse_args
+    cfg = config_from_args(parse(["bench", "--preset", "torch-q4"]))
+    assert (cfg.backend, cfg.dtype, cfg.temperature, cfg.max_new_tokens) == ("torch", "q4",
+                                                                            0.0, 128)
+    assert cfg.datasets == ["humaneval", "mt-bench"] and cfg.turns == "first"
+    assert parse_peers(cfg.peers) == [("llama.cpp", "plain")]
+    configs = parse_methods(cfg.methods)
+    assert [c.method for c in configs] == ["autoregressive", "parallel-prompt",
+                                           "parallel-prompt", "pipelined", "big-little",
+                                           "big-little", "speculative"]
+    for c in configs:  # every option is valid for its method (nothing is loaded)
+        registry.method_options(c.method, c.kwargs())
+    labels = [c.label for c in configs]
+    assert "parallel-prompt:tree_size=auto" in labels
+    assert "pipelined:workers=1,threads=1,main_threads=1,exit_head=shared" in labels
+    assert {c.get("early_exit") for c in configs if c.method == "big-little"} == {"14", "21"}
+    assert "speculative:draft=prompt-lookup,gamma=auto" in labels
+    # ~20 s a 128-token generation at q4 speed, prefill included: under 25 minutes
+    generations = 2 * cfg.limit * (len(configs) + len(cfg.peers))
+    assert generations * 20 <= 25 * 60
+    assert config_from_args(parse(["bench", "--preset", "torch-q4", "--dtype", "bf16"])
+                            ).dtype == "bf16"
+    assert config_from_args(parse(["bench", "--preset", "cpu"])).dtype == "bf16"
+    assert all(p.dtype in (None, "bf16", "fp32", "q4", "q8") for p in PRESETS.values())

@@ -25,6 +25,7 @@ class Preset:
     backend: str = "torch"
     turns: str = "first"
     numerics: str = "fast"
+    dtype: str | None = None  # None: the command line's --dtype (bf16 unless given)
 
 
 PRESETS: dict[str, Preset] = {
@@ -92,5 +93,31 @@ PRESETS: dict[str, Preset] = {
         backend="llama.cpp",
         turns="all",
         numerics="fast",
+    ),
+    "torch-q4": Preset(
+        "the torch backend on the 1.5B GGUF's own Q4_K/Q6_K blocks (--dtype q4), greedy, 128 "
+        "new tokens, the first 3 HumanEval and 3 MT-Bench prompts: autoregressive, parallel "
+        "prompt decoding (shipped prompt tokens; the tree size the q4 latency profile picks, "
+        "and 4 rows), pipelined decoding with k = 1 (2 processes x 1 thread, shared head), "
+        "BiLD with the target's first 14 or 21 of 28 layers as the small model, prompt lookup "
+        "under the cost model, and llama.cpp's plain loop on the same GGUF; about 16 minutes "
+        "on a 2-core CPU (run `draftsman profile --dtype q4` first on a quiet machine)",
+        methods=(
+            "parallel-prompt:tree_size=auto|4",
+            # k = 1 on 2 cores: the main worker and its sub-worker get one core each. The
+            # shared head: `train exit-head` trains on bf16, whose LM-head fingerprint a q4
+            # model does not match, so a trained head would be refused here
+            "pipelined:workers=1,threads=1,main_threads=1,exit_head=shared",
+            # d/2, where the shared head's guesses rarely pass the fallback threshold, and
+            # 3/4 depth, where the small model keeps most of its tokens
+            "big-little:early_exit=14|21",
+            "speculative:draft=prompt-lookup,gamma=auto",
+        ),
+        datasets=FREE_SETS,
+        limit=3,
+        max_new_tokens=128,
+        peers=("llama.cpp:plain",),
+        backend="torch",
+        dtype="q4",
     ),
 }

@@ -18,7 +18,7 @@ from draftsman.errors import InvalidArgumentError
 
 DEFAULTS = dict(methods=["speculative"], datasets=["humaneval"], limit=5, max_new_tokens=128,
                 temperature=0.0, seed=0, repeats=1, peers=[], backend="auto",
-                numerics="fast", turns="first")
+                numerics="fast", turns="first", dtype="bf16")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="diff two result folders and exit")
     # None = not given, so a preset can fill it in
     p.set_defaults(func=run, max_new_tokens=None, temperature=None, seed=None, backend=None,
-                   numerics=None)
+                   numerics=None, dtype=None)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -85,10 +85,12 @@ def config_from_args(args: argparse.Namespace):
                       limit=preset.limit, max_new_tokens=preset.max_new_tokens,
                       repeats=preset.repeats, peers=list(preset.peers), backend=preset.backend,
                       turns=preset.turns, numerics=preset.numerics)
+        if preset.dtype:
+            values["dtype"] = preset.dtype
     given = dict(methods=args.methods, limit=args.limit, max_new_tokens=args.max_new_tokens,
                  temperature=args.temperature, seed=args.seed, repeats=args.repeats,
                  peers=args.peers, backend=args.backend, numerics=args.numerics,
-                 turns=args.turns,
+                 turns=args.turns, dtype=args.dtype,
                  datasets=[d.strip() for d in args.datasets.split(",") if d.strip()]
                  if args.datasets else None)
     values.update({k: v for k, v in given.items() if v is not None})
@@ -96,7 +98,7 @@ def config_from_args(args: argparse.Namespace):
         raise InvalidArgumentError("--resume needs --out (the folder to continue)")
     out = args.out or f"bench-results/{args.preset or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
     return BenchConfig(
-        target=args.target, draft=args.draft, dtype=args.dtype, threads=args.threads,
+        target=args.target, draft=args.draft, threads=args.threads,
         device=args.device,
         top_k=args.top_k, top_p=args.top_p, out=out,
         resume=args.resume,
