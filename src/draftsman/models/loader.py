@@ -146,9 +146,10 @@ def _quantized_from_blocks(folder: Path, config: ModelConfig, kind: str, blocks,
     with torch.device("meta"):
         skeleton = model_class(config)(config, max_positions)
     tied = config.tie_word_embeddings
-    skip = frozenset(
+    # a tied model's folder may still hold an lm_head copy: unused, never read
+    skip = frozenset({"lm_head.weight"} | {
         hf for name, m in skeleton.named_modules() if isinstance(m, nn.Linear)
-        for hf in hf_weight_names(name, tied) if hf != "model.embed_tokens.weight")
+        for hf in hf_weight_names(name, tied) if hf != "model.embed_tokens.weight"})
     state = read_safetensors(folder, skip)
     model = build_model(config, state, torch.bfloat16, max_positions, without_linears=True)
     del state
