@@ -142,7 +142,7 @@ def _quantized_from_blocks(folder: Path, config: ModelConfig, kind: str, blocks,
                            max_positions: int | None) -> DecoderLM:
     """Every Linear packed from `blocks` without its bf16 weights ever being read: the model
     is built with Linears on the meta device, the folder gives only embeddings, norms and
-    biases (a 1.5B model then peaks at ~1.5 GB of memory instead of ~5)."""
+    biases (the 1.5B then peaks at 1.2 GiB of memory instead of 5.3)."""
     with torch.device("meta"):
         skeleton = model_class(config)(config, max_positions)
     tied = config.tie_word_embeddings
