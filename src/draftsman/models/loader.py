@@ -6,15 +6,16 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
+from torch import nn
 
 from draftsman.errors import DraftsmanError, IntegrityError, ModelNotFoundError, UnsupportedError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.gpt2 import GPT2Model
 from draftsman.models.llama import LlamaModel
-from draftsman.models.quant_linear import QUANT_KINDS, quantize_model
+from draftsman.models.quant_linear import QUANT_KINDS, hf_weight_names, quantize_model
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
@@ -41,7 +42,9 @@ def model_class(config: ModelConfig) -> type[DecoderLM]:
     return GPT2Model if config.family == "gpt2" else LlamaModel
 
 
-def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(folder: Path, skip: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files but those named in `skip` (which are
+    never read: each file is read tensor by tensor when something is skipped)."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         if any(folder.glob("*.bin")):
@@ -54,7 +57,12 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
-            state.update(load_file(str(f)))
+            if not skip:
+                state.update(load_file(str(f)))
+                continue
+            with safe_open(str(f), framework="pt") as st:
+                names = [k for k in st.keys() if k not in skip]  # noqa: SIM118 (not a dict)
+                state.update((k, st.get_tensor(k)) for k in names)
         except (SafetensorError, OSError, ValueError) as exc:
             raise IntegrityError(f"cannot read weights {f}: {exc}") from exc
     return state
@@ -66,14 +74,19 @@ def build_model(
     dtype: torch.dtype,
     max_positions: int | None = None,
     device: torch.device | None = None,
+    without_linears: bool = False,
 ) -> DecoderLM:
     """Instantiate the family's module and load a Hugging Face-named state dict into it,
-    its weights on `device` (None: where `state` is, the CPU for files)."""
+    its weights on `device` (None: where `state` is, the CPU for files). `without_linears`:
+    `state` has no Linear weights and they stay on the meta device, for quantize_model to
+    replace (biases are loaded)."""
     cls = model_class(config)
     with torch.device("meta"):
         model = cls(config, max_positions)
     ours = cls.convert_hf_state(state, config)
     expected = set(model.state_dict().keys())
+    if without_linears:
+        expected -= {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     if config.tie_word_embeddings or config.family == "gpt2":
         expected.discard("lm_head.weight")
     missing = expected - ours.keys()
@@ -115,9 +128,33 @@ def load_model(
             raise DraftsmanError(
                 f"--dtype q4 runs a GGUF's own 4-bit blocks and {folder} comes with none: "
                 "pass a catalogue name or a .gguf file")
-        model = build_model(config, read_safetensors(folder), torch.bfloat16, max_positions)
         if device is not None and device.type != "cpu":
             # packed int4/int8 matmuls are PyTorch's CPU kernels
             raise UnsupportedError(f"--dtype {dtype} runs on the CPU only, not on {device}")
-        return quantize_model(model, str(dtype), blocks)
+        if blocks is None:  # q8 of the folder's own weights
+            model = build_model(config, read_safetensors(folder), torch.bfloat16, max_positions)
+            return quantize_model(model, str(dtype), blocks)
+        return _quantized_from_blocks(folder, config, str(dtype), blocks, max_positions)
     return build_model(config, read_safetensors(folder), dtype, max_positions, device)
+
+
+def _quantized_from_blocks(folder: Path, config: ModelConfig, kind: str, blocks,
+                           max_positions: int | None) -> DecoderLM:
+    """Every Linear packed from `blocks` without its bf16 weights ever being read: the model
+    is built with Linears on the meta device, the folder gives only embeddings, norms and
+    biases (the 1.5B then peaks at 1.2 GiB of memory instead of 5.3)."""
+    with torch.device("meta"):
+        skeleton = model_class(config)(config, max_positions)
+    tied = config.tie_word_embeddings
+    # a tied model's folder may still hold an lm_head copy: unused, never read
+    skip = frozenset({"lm_head.weight"} | {
+        hf for name, m in skeleton.named_modules() if isinstance(m, nn.Linear)
+        for hf in hf_weight_names(name, tied) if hf != "model.embed_tokens.weight"})
+    state = read_safetensors(folder, skip)
+    model = build_model(config, state, torch.bfloat16, max_positions, without_linears=True)
+    del state
+    model = quantize_model(model, kind, blocks)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise IntegrityError(f"{folder}: no weights for {', '.join(left[:4])}")
+    return model

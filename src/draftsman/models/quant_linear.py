@@ -126,8 +126,11 @@ class KQuantMatrix(nn.Module):
     def __init__(self, blocks: list[BlockTensor]) -> None:
         super().__init__()
         self.qtype = blocks[0].qtype
-        rows = np.concatenate([np.asarray(b.rows) for b in blocks])
-        self.register_buffer("blocks", torch.from_numpy(np.ascontiguousarray(rows)))
+        if len(blocks) == 1 and blocks[0].rows.flags.writeable:
+            rows = np.ascontiguousarray(blocks[0].rows)  # the reader's fresh array: no copy
+        else:
+            rows = np.concatenate([np.asarray(b.rows) for b in blocks])
+        self.register_buffer("blocks", torch.from_numpy(rows))
         self.out_features = rows.shape[0]
 
     def __setstate__(self, state: dict) -> None:
