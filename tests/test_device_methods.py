@@ -1,5 +1,6 @@
 """Methods on a device: parallel prompt decoding keeps its tensors on the model's device and
-commits exactly what autoregressive decoding does there. CPU always; CUDA marked `gpu`."""
+commits exactly what autoregressive decoding does there; speculative sampling's rule runs
+on tensors and draws what the per-token rule drew. CPU always; CUDA marked `gpu`."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from devices import devices
 from test_parallel_prompt import SHAPES, run, sharp_model
 
 from draftsman.models.prompt_tokens import PromptTokens
+from draftsman.sampling import Sampler, SamplingConfig
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.parallel_prompt import ParallelPrompt
 from draftsman.trees.layout import TreeSpec, layout
+from draftsman.verification.chain import Verdict, verify_sampling
 from draftsman.verification.prompt_tree import TreeDecoder
 
 
@@ -47,3 +50,51 @@ def test_parallel_prompt_sampling_reproducible_on_the_device(device: str) -> Non
     strategy = ParallelPrompt(TreeDecoder(model, prompts, SHAPES["dynamic-8"](3)))
     runs = [run(strategy, n=20, temperature=0.8, seed=3) for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 20
+
+
+def _per_token_rule(drafts, q, p, sampler) -> Verdict:
+    """The rule as written before it ran on tensors: the reference for seeded draws."""
+    gamma = len(drafts)
+    if gamma:
+        rows, idx = torch.arange(gamma), torch.tensor(drafts)
+        q_x = q[rows, idx] if q is not None else torch.ones(gamma)
+        rejected = (sampler.uniform(gamma) * q_x >= p[rows, idx]).nonzero()
+        if rejected.numel():
+            n = int(rejected[0, 0])
+            if q is not None:
+                residual = (p[n] - q[n]).clamp_min(0)
+            else:
+                residual = p[n].clone()
+                residual[drafts[n]] = 0.0
+            total = residual.sum()
+            return Verdict(n, sampler.draw(residual / total if total > 0 else p[n]), True)
+    return Verdict(gamma, sampler.draw(p[gamma]), False)
+
+
+@pytest.mark.parametrize("one_hot_q", [False, True])
+def test_tensor_rule_draws_what_the_per_token_rule_did(one_hot_q: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    verdicts = set()
+    for trial in range(300):
+        gamma = trial % 5
+        p = torch.softmax(torch.randn(gamma + 1, 7, generator=g) * 2, -1)
+        q = None if one_hot_q else torch.softmax(torch.randn(gamma, 7, generator=g) * 2, -1)
+        if q is not None and trial % 7 == 0:
+            q[:] = p[:gamma]  # p == q: nothing is ever rejected
+        drafts = torch.randint(0, 7, (gamma,), generator=g).tolist()
+        got = verify_sampling(drafts, q, p, Sampler(SamplingConfig(1.0, seed=trial)))
+        want = _per_token_rule(drafts, q, p, Sampler(SamplingConfig(1.0, seed=trial)))
+        assert got == want
+        verdicts.add((got.accepted == gamma, got.rejected))
+    assert verdicts == {(True, False), (False, True)}  # both outcomes were exercised
+
+
+@pytest.mark.parametrize("device", devices())
+def test_tensor_rule_is_seeded_per_device(device: str) -> None:
+    p = torch.softmax(torch.randn(4, 11, generator=torch.Generator().manual_seed(1)), -1)
+    q = torch.softmax(torch.randn(3, 11, generator=torch.Generator().manual_seed(2)), -1)
+    p, q = p.to(device), q.to(device)
+    runs = [[verify_sampling([1, 2, 3], q, p, Sampler(SamplingConfig(1.0, seed=s)))
+             for s in range(20)] for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert all(0 <= v.accepted <= 3 and 0 <= v.next_token < 11 for v in runs[0])

@@ -46,7 +46,8 @@ class DraftModelProposer(Proposer):
                 q = sampler.probs(logits)
                 token = sampler.draw(q)
                 rows.append(q)
-                confidence = float(q[token])
+                # read back only when a threshold needs it (a host sync on a GPU)
+                confidence = 1.0 if stop_below is None else float(q[token])
             tokens.append(token)
             pending = [token]
             if stop_below is not None and confidence < stop_below:
