@@ -8,9 +8,12 @@ import pytest
 import torch
 from devices import devices
 from test_parallel_prompt import SHAPES, run, sharp_model
+from tiny import tiny_pair
 
 from draftsman.models.prompt_tokens import PromptTokens
+from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.sampling import Sampler, SamplingConfig
+from draftsman.state import ModelState
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.parallel_prompt import ParallelPrompt
 from draftsman.trees.layout import TreeSpec, layout
@@ -98,3 +101,35 @@ def test_tensor_rule_is_seeded_per_device(device: str) -> None:
              for s in range(20)] for _ in range(2)]
     assert runs[0] == runs[1]
     assert all(0 <= v.accepted <= 3 and 0 <= v.next_token < 11 for v in runs[0])
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_draft_on_the_device_drafts_what_the_host_loop_did(device: str,
+                                                           temperature: float) -> None:
+    # stop_below=0.0 takes the host loop (a threshold is read per token) and never stops
+    _, model = tiny_pair("llama", seed=2)
+    model = model.to(device)
+    committed = [5, 17, 3, 44, 12]
+    got = []
+    for stop_below in (None, 0.0):
+        proposer = DraftModelProposer(model)
+        proposer.start(committed, 64)
+        sampler = Sampler(SamplingConfig(temperature, seed=4))
+        first = proposer.propose(committed, 4, sampler, stop_below)
+        proposer.commit(committed + first.tokens[:2])
+        second = proposer.propose(committed + first.tokens[:2] + [9], 3, sampler, stop_below)
+        assert proposer.state.unread == 0 and first.forwards == 4 and second.forwards == 3
+        got.append((first, second))
+    (a1, a2), (b1, b2) = got
+    assert a1.tokens == b1.tokens and a2.tokens == b2.tokens
+    if temperature:
+        torch.testing.assert_close(a1.q, b1.q)
+        torch.testing.assert_close(a2.q, b2.q)
+    state = ModelState(model, 16)
+    state.feed([1, 2])
+    state.feed_unread(torch.tensor([3], device=device))
+    with pytest.raises(RuntimeError, match="not settled"):
+        state.sync([1, 2, 3])
+    state.settle([3])
+    assert state.sync([1, 2, 3, 4]) == [4] and state.cache.length == 3
