@@ -8,6 +8,7 @@ GPU must not be timed on a CPU.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 
@@ -15,8 +16,6 @@ from draftsman.errors import DeviceError, UnsupportedError
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 DEVICE_HELP = "auto (default: the GPU when PyTorch sees one, else the CPU), cpu, cuda or cuda:N"
-# the training loops build their tensors on the CPU: `auto` trains there, a GPU is refused
-TRAINING_ON_CPU = "training runs on the CPU for now; use --device cpu (or auto)"
 _CUDA = re.compile(r"cuda(?::(\d+))?")
 
 
@@ -53,3 +52,15 @@ def resolve_device(spec: str | torch.device | None = "auto", *,
         raise DeviceError(f"--device {spec}: this machine has {count} CUDA device(s), "
                           f"cuda:0 to cuda:{count - 1}")
     return torch.device("cuda", index)
+
+
+def to_host(obj: Any) -> Any:
+    """A copy of `obj` (nested dicts, lists, tuples) with every tensor moved to the CPU:
+    what a checkpoint holds, so one written on a GPU loads anywhere."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(v) for v in obj)
+    return obj

@@ -33,11 +33,15 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 def model_kind(model: Any, dtype: torch.dtype | str) -> str:
     """What a verify-cost profile is keyed by besides model and threads: the backend's own
     numerics when it declares them (llama.cpp's kernels and feeding mode), else the dtype;
-    plus the device when it is not the CPU (a GPU's curve is another machine's)."""
-    kind = model.capabilities.numerics or dtype_name(dtype)
+    plus the device when it is not the CPU (a GPU's curve is another machine's), and
+    "static" for fixed-shape steps (their curve steps at the buckets)."""
+    caps = model.capabilities
+    kind = caps.numerics or dtype_name(dtype)
     device = getattr(model, "device", None)
     if isinstance(device, torch.device) and device.type != "cpu":
         kind += "-" + str(device).replace(":", "")
+    if caps.backend.endswith("--static"):
+        kind += "-static"
     return kind
 
 

@@ -95,7 +95,11 @@ class Sampler:
 
     def draw(self, probs: torch.Tensor) -> int:
         """One token from probs [V]."""
-        return int(torch.multinomial(probs, 1, generator=self.generator_for(probs.device)))
+        return int(self.draw_tensor(probs))
+
+    def draw_tensor(self, probs: torch.Tensor) -> torch.Tensor:
+        """One token from probs [V] as a 0-d tensor on their device (no host sync)."""
+        return torch.multinomial(probs, 1, generator=self.generator_for(probs.device))[0]
 
     def uniform(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         """n uniform draws in [0, 1), on `device` (default the CPU)."""

@@ -45,6 +45,7 @@ class ModelState:
         self.fed: list[int] = []
         self.agreed = 0  # fed[:agreed] is known to equal the followed text
         self.forwards = 0
+        self.unread = 0  # tokens fed from the device and not yet named by `settle`
 
     # ------------------------------------------------------------------ writing the cache
 
@@ -56,6 +57,7 @@ class ModelState:
         entering its first layer, instead of embedding the tokens; they are recorded all the
         same, since they name what its slots hold.
         """
+        self._check_settled()
         start = len(self.fed)
         ids = None if hidden is not None else torch.tensor([tokens], dtype=torch.long)
         pos = torch.arange(start, start + len(tokens), dtype=torch.long)[None]
@@ -65,12 +67,36 @@ class ModelState:
         self.forwards += 1
         return out
 
+    def feed_unread(self, ids: torch.Tensor, logits_at: slice | torch.Tensor | None = ALL
+                    ) -> Output:
+        """Feed token ids [T] still on the model's device (drafts the host has not read, so
+        drafting needs no sync per token); `settle` must name them before anything else."""
+        start = len(self.fed) + self.unread
+        pos = torch.arange(start, start + ids.numel(), dtype=torch.long)[None]
+        out = self.model(ids.view(1, -1), pos, self.cache, layers=self.layers,
+                         logits_at=logits_at, start=start)
+        self.unread += ids.numel()
+        self.forwards += 1
+        return out
+
+    def settle(self, tokens: list[int]) -> None:
+        """The host read the tokens `feed_unread` fed: record them."""
+        if len(tokens) != self.unread:
+            raise RuntimeError(f"{self.unread} unread tokens fed, {len(tokens)} named")
+        self.fed.extend(tokens)
+        self.unread = 0
+
+    def _check_settled(self) -> None:
+        if self.unread:
+            raise RuntimeError(f"{self.unread} tokens fed from the device are not settled")
+
     def forward_rows(self, tokens: list[int], offsets: torch.Tensor, *,
                      mask: torch.Tensor | None = None,
                      logits_at: slice | torch.Tensor | None = ALL) -> Output:
         """Write rows for `tokens` after the fed ones at positions len(fed) + offsets [T]
         (a tree shares positions between siblings), attending through `mask`. The rows are
         scratch until `keep` says which of them the text continues with."""
+        self._check_settled()
         start = len(self.fed)
         ids = torch.tensor([tokens], dtype=torch.long)
         pos = (offsets + start)[None]
@@ -101,6 +127,7 @@ class ModelState:
         Compares only past `agreed`. With `final`, the common prefix becomes the new
         agreement: the caller will only append to `text` from here (or call `rollback`).
         """
+        self._check_settled()
         if len(text) < self.agreed:
             raise ValueError(f"the text ({len(text)} tokens) is shorter than the "
                              f"{self.agreed} agreed on: call rollback() when cutting it")

@@ -93,6 +93,7 @@ class BenchConfig:
     backend: str = "auto"  # resolved before anything is measured (backends/choose.py)
     numerics: str = "fast"  # llama.cpp's feeding mode (backends/llama_cpp.py)
     device: str = "auto"  # auto, cpu, cuda[:N]; the device used is in the run's environment
+    static: bool = False  # fixed-shape steps, CUDA graphs on a GPU (torch only)
     resume: bool = False
     turns: str = "first"  # "first" or "all"
     warmup_tokens: int = 8
@@ -104,7 +105,9 @@ class BenchConfig:
         """What a row's numbers depend on; `--resume` requires these to match."""
         backend = {} if self.backend == "torch" else {"backend": self.backend,
                                                       "numerics": self.numerics}
+        static = {"static": True} if self.static else {}  # older runs resume as before
         return {"target": self.target, "draft": self.draft, "dtype": self.dtype, **backend,
+                **static,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
                 "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed,
                 "turns": self.turns, "threads": self.threads}
@@ -224,6 +227,8 @@ class Bench:
                  log: Callable[[str], None] | None = None) -> None:
         config.validate()
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        if config.backend == AUTO and config.static:
+            config = replace(config, backend="torch")  # as draftsman.load does for static
         if config.backend == AUTO:
             chosen = engine.backend if engine is not None else self._choose_backend(config)
             config = replace(config, backend=chosen)
@@ -245,13 +250,15 @@ class Bench:
             model_draft = None if is_model_free(config.draft) else config.draft
             engine = draftsman.load(config.target, draft=model_draft, dtype=config.dtype,
                                     threads=config.threads, backend=config.backend,
-                                    numerics=config.numerics, device=config.device)
+                                    numerics=config.numerics, device=config.device,
+                                    static=config.static)
         self.engine = engine
         self.tokenizer = engine.target.tokenizer
         self.contestants = build_contestants(engine, config)
         self.env = environment(config.dtype if config.backend == "torch" else "gguf (llama.cpp)",
                                numerics=config.numerics)
         self.env["device"] = str(getattr(engine, "device", "cpu"))
+        self.env["static"] = bool(getattr(engine, "static", False))
         self.done = {row_key(r) for r in self.existing}
         self.baseline: dict[tuple[str, int], Row] = {}
         self.answers: dict[tuple[str, int, str], str] = {}  # (unit key, repeat, label)

@@ -99,7 +99,7 @@ def config_from_args(args: argparse.Namespace):
     out = args.out or f"bench-results/{args.preset or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
     return BenchConfig(
         target=args.target, draft=args.draft, threads=args.threads,
-        device=args.device,
+        device=args.device, static=args.static,
         top_k=args.top_k, top_p=args.top_p, out=out,
         resume=args.resume,
         warmup_tokens=args.warmup_tokens, progress=not args.no_progress,

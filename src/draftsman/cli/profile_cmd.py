@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="torch (default) or llama.cpp (the model's GGUF; --dtype ignored)")
     add_numerics_arg(p)
     add_device_arg(p)
+    p.add_argument("--static", action="store_true",
+                   help="time the fixed-shape steps (buckets up to 64 rows, CUDA graphs on a "
+                        "GPU) that generate --static runs; saved as a profile of its own")
     p.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
                    help="input lengths to time, comma separated")
     p.add_argument("--context", type=int, default=256, help="cached tokens before the input")
@@ -58,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgumentError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     lengths = parse_lengths(args.lengths)
-    bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics, args.device)
+    bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics, args.device,
+                         static=args.static)
     latency = measure_latency(bundle.model, lengths, args.context, args.repeats)
     threads = torch.get_num_threads()
     kind = model_kind(bundle.model, args.dtype)

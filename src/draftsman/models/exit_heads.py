@@ -164,7 +164,8 @@ def head_fingerprint(model: DecoderLM) -> str:
 def save_exit_head(translator: ExitTranslator, path: Path, meta: dict[str, Any]) -> Path:
     """Atomically write the translator's tensors (float32) and metadata to `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().float().contiguous() for k, v in translator.state_dict().items()}
+    tensors = {k: v.detach().float().cpu().contiguous()
+               for k, v in translator.state_dict().items()}
     metadata = {"config": json.dumps(asdict(translator.config)),
                 "meta": json.dumps(meta, default=str)}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

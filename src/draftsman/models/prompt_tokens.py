@@ -59,10 +59,12 @@ class PromptTokens:
         if count < 1 or epts < 1:
             raise ValueError("need at least one prompt token and one EPT")
         gen = torch.Generator().manual_seed(seed)
+        # drawn on the host (the same ids on every device), looked up on the model's device
         ids = torch.randint(0, model.config.vocab_size, (count * epts,), generator=gen)
+        ids = ids.to(model.device)
         pos = torch.zeros_like(ids)
         with torch.inference_mode():
-            rows = model.embed(ids[None], pos[None])[0].float()  # [m*n, H]
+            rows = model.embed(ids[None], pos[None])[0].float().cpu()  # [m*n, H]
         emb = rows.reshape(count, epts, -1).clone()
         return cls(emb, {"init": "vocabulary", "seed": seed, **model_fingerprint(model)})
 

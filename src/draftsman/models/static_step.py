@@ -68,11 +68,14 @@ class StepInputs:
 
 def step_inputs(tokens: torch.Tensor, positions: torch.Tensor, start: int,
                 mask: torch.Tensor | None, bucket: int, window: int | None) -> StepInputs:
-    """Host-side inputs for n = positions.shape[1] real rows padded to `bucket` rows.
-    `mask` is the new rows' [n, n] (or [1, n, n]) visibility among themselves (a tree)."""
+    """Inputs for n = positions.shape[1] real rows padded to `bucket` rows, built on the host
+    but for the token ids, which stay where they are (a draft's tokens on the device are
+    fed without a sync). `mask` is the new rows' [n, n] (or [1, n, n]) visibility among
+    themselves (a tree)."""
     n = positions.shape[1]
     pad = bucket - n
-    tokens = torch.cat([tokens.cpu(), torch.zeros(1, pad, dtype=torch.long)], dim=1)
+    tokens = torch.cat([tokens, torch.zeros(1, pad, dtype=torch.long, device=tokens.device)],
+                       dim=1)
     positions = positions.cpu()
     positions = torch.cat([positions, positions[:, -1:].expand(1, pad)], dim=1)
     rows = torch.ones(bucket, bucket, dtype=torch.bool).tril()

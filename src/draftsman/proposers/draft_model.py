@@ -33,6 +33,8 @@ class DraftModelProposer(Proposer):
         # provisional: a cascade (staged) drafts after guesses it may still drop; commit()
         # is where the text becomes final. >= 1 token: the target's last choice is never fed
         pending = state.sync(committed, final=False)
+        if stop_below is None:
+            return self._propose_on_device(pending, gamma, sampler)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         forwards = 0
@@ -41,7 +43,7 @@ class DraftModelProposer(Proposer):
             forwards += 1
             if sampler.greedy:
                 token = int(logits.argmax())
-                confidence = 1.0 if stop_below is None else probability(logits, token)
+                confidence = probability(logits, token)
             else:
                 q = sampler.probs(logits)
                 token = sampler.draw(q)
@@ -49,10 +51,35 @@ class DraftModelProposer(Proposer):
                 confidence = float(q[token])
             tokens.append(token)
             pending = [token]
-            if stop_below is not None and confidence < stop_below:
+            if confidence < stop_below:
                 break  # the draft is unsure: verify now instead of drafting further
         q_all = torch.stack(rows) if rows else None
         return Proposal(tokens, q_all, forwards)
+
+    def _propose_on_device(self, pending: list[int], gamma: int, sampler: Sampler
+                           ) -> Proposal:
+        """γ tokens drafted without reading any back until the end (one transfer): each is
+        fed to the draft as a device tensor. Same tokens and draws as the host loop."""
+        state = self.state
+        if gamma <= 0:
+            return Proposal([], None, 0)
+        drafted: list[torch.Tensor] = []
+        rows: list[torch.Tensor] = []
+        logits = state.feed(pending, logits_at=LAST).logits[0, -1]
+        for i in range(gamma):
+            if sampler.greedy:
+                token = logits.argmax()
+            else:
+                q = sampler.probs(logits)
+                token = sampler.draw_tensor(q)
+                rows.append(q)
+            drafted.append(token)
+            if i + 1 < gamma:
+                logits = state.feed_unread(token.view(1), logits_at=LAST).logits[0, -1]
+        tokens = torch.stack(drafted).tolist() if drafted else []
+        state.settle(tokens[:-1])  # the last token is drafted, not fed
+        q_all = torch.stack(rows) if rows else None
+        return Proposal(tokens, q_all, gamma)
 
     def commit(self, committed: list[int]) -> None:
         self.state.sync(committed)

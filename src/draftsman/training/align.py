@@ -42,7 +42,7 @@ import torch
 
 from draftsman.bench.datasets import load_dataset
 from draftsman.core import GenerationConfig
-from draftsman.device import DEVICE_HELP, TRAINING_ON_CPU, resolve_device
+from draftsman.device import DEVICE_HELP, resolve_device
 from draftsman.engine import DEFAULT_DRAFT, DEFAULT_TARGET, load
 from draftsman.errors import InvalidArgumentError
 from draftsman.store.resolve import resolve_model
@@ -151,6 +151,7 @@ class AlignConfig:
     gen_dtype: str = "bf16"
     chat: bool = True
     train: TrainConfig = field(default_factory=TrainConfig)
+    device: str = "cpu"  # where both models run: calibration replies and training
 
     def __post_init__(self) -> None:
         if not 0 <= self.heldout < self.prompts:
@@ -168,7 +169,7 @@ def calibrate(cfg: AlignConfig, work: Path, progress: bool, say: Callable[[str],
         say(f"calibration settings changed: generating {work / CALIBRATION} again")
         (work / CALIBRATION).unlink(missing_ok=True)
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    engine = load(cfg.target, dtype=cfg.gen_dtype, device="cpu")
+    engine = load(cfg.target, dtype=cfg.gen_dtype, device=cfg.device)
     tokenizer = engine.target.tokenizer
     prompts = chat_prompts(tokenizer, cfg.dataset, cfg.prompts, cfg.max_prompt_tokens,
                            cfg.chat)
@@ -215,7 +216,7 @@ def align(cfg: AlignConfig, *, resume: bool = True, progress: bool = True,
                 "calibration_replies": len(examples)}
 
     source = resolve_model(cfg.draft)
-    model = load_trainable(source)
+    model = load_trainable(source).to(resolve_device(cfg.device))
     split = len(examples) - cfg.heldout
     trainer = Trainer(model, examples[:split], examples[split:], cfg.train, work)
     how = f"LoRA rank {cfg.train.lora_rank}" if cfg.train.lora_rank else "all weights"
@@ -292,12 +293,12 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--device", default="auto", metavar="DEVICE",
-                   help=DEVICE_HELP + "; training runs on the CPU for now")
+                   help=DEVICE_HELP + "; the aligned model serves any device")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    resolve_device(args.device, cpu_only=TRAINING_ON_CPU)
+    device = resolve_device(args.device)
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidArgumentError(f"threads must be >= 1, got {args.threads}")
@@ -305,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
     train = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     cfg = AlignConfig(args.target, args.draft, args.out, args.dataset, args.prompts,
                       args.heldout, args.max_prompt_tokens, args.max_new_tokens, args.method,
-                      args.gen_dtype, args.chat, train)
+                      args.gen_dtype, args.chat, train, str(device))
     if args.no_resume:  # training starts over; a matching calibration set is kept
         for name in (CHECKPOINT, LOG):
             (Path(args.out) / WORK_DIR / name).unlink(missing_ok=True)

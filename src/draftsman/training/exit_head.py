@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsman.bench.dataset_loaders import sharegpt_conversations
-from draftsman.device import DEVICE_HELP, TRAINING_ON_CPU, resolve_device
+from draftsman.device import DEVICE_HELP, resolve_device, to_host
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.base import DecoderLM
@@ -166,17 +166,17 @@ def collect_states(model: DecoderLM, sequences: list[list[int]], layers: list[in
     train_rows = 0
     for n, ids in enumerate(sequences):
         cache = model.new_cache(len(ids))
-        tokens = torch.tensor([ids], dtype=torch.long)
-        pos = torch.arange(len(ids), dtype=torch.long)[None]
+        tokens = torch.tensor([ids], dtype=torch.long, device=model.device)
+        pos = torch.arange(len(ids), dtype=torch.long, device=model.device)[None]
         x = None
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             x = model(tokens if a == 0 else None, pos, cache, layers=range(a, b),
                       hidden_from=x, start=0, logits_at=None).hidden
             if b in hidden:
-                hidden[b].append(x[0].float().clone())
+                hidden[b].append(x[0].float().cpu().clone())  # the data set stays on the host
         i, lp = _teacher_top(model, x[0], teacher_topk)
-        idx.append(i)
-        logp.append(lp)
+        idx.append(i.cpu())
+        logp.append(lp.cpu())
         if n < train_count:
             train_rows += len(ids)
         if progress:
@@ -261,23 +261,27 @@ def batch_rows(step: int, batch: int, n: int, seed: int) -> torch.Tensor:
 def evaluate(model: DecoderLM, translator: ExitTranslator | None, hidden: torch.Tensor,
              top_idx: torch.Tensor, top_logp: torch.Tensor, lm_head_fp32: torch.Tensor,
              chunk: int = 256) -> dict[str, float]:
-    """Held-out agreement with the final layer's greedy token (top-1/3/5) and the KL."""
+    """Held-out agreement with the final layer's greedy token (top-1/3/5) and the KL.
+
+    The states may live on the host: each chunk goes to the model's device."""
     hits = {1: 0, 3: 0, 5: 0}
     kl = 0.0
     n = hidden.shape[0]
+    dev = lm_head_fp32.device
     for a in range(0, n, chunk):
-        h = hidden[a:a + chunk]
+        h = hidden[a:a + chunk].to(dev)
         normed = model.norm(h.to(model.dtype)).float()
         if translator is None:
             logits = F.linear(normed, lm_head_fp32)
         else:
             y = translator(normed)
             logits = y if translator.gives_logits else F.linear(y, lm_head_fp32)
-        target = top_idx[a:a + chunk, 0].long()
+        idx, logp = top_idx[a:a + chunk].to(dev), top_logp[a:a + chunk].to(dev)
+        target = idx[:, 0].long()
         top5 = logits.topk(5, dim=-1).indices
         for k in hits:
             hits[k] += int((top5[:, :k] == target[:, None]).any(-1).sum())
-        kl += float(kl_to_teacher(logits, top_idx[a:a + chunk], top_logp[a:a + chunk])) * len(h)
+        kl += float(kl_to_teacher(logits, idx, logp)) * len(h)
     return {"top1": hits[1] / n, "top3": hits[3] / n, "top5": hits[5] / n, "kl": kl / n,
             "rows": n}
 
@@ -286,12 +290,17 @@ def train_head(model: DecoderLM, states: States, layer: int, cfg: TrainConfig,
                work: Path | None = None, *, resume: bool = True,
                say: Callable[[str], None] = lambda _: None,
                time_limit: float | None = None) -> tuple[ExitTranslator, list[dict], bool]:
-    """Train one exit head on cached states; returns (translator, history, finished)."""
+    """Train one exit head on cached states; returns (translator, history, finished).
+
+    The translator and the optimiser live on the model's device; the cached states stay on
+    the host and each mini-batch is copied over. Checkpoints are written from the host."""
     torch.manual_seed(cfg.seed)
     c = model.config
     head_cfg = ExitHeadConfig(layer, cfg.kind, cfg.rank, c.hidden_size, c.vocab_size)
     lm_head_fp32 = model.lm_head.weight.detach().float()
-    translator = ExitTranslator(head_cfg, lm_head_fp32, seed=cfg.seed)
+    dev = lm_head_fp32.device
+    # initialised on the host (the same seeded draw on every device), then moved
+    translator = ExitTranslator(head_cfg, lm_head_fp32.cpu(), seed=cfg.seed).to(dev)
     params = [p for p in translator.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     hidden = states.hidden[layer]
@@ -300,7 +309,7 @@ def train_head(model: DecoderLM, states: States, layer: int, cfg: TrainConfig,
     ckpt = work / f"layer{layer}-{cfg.kind}-checkpoint.pt" if work else None
     step, history = 0, []
     if resume and ckpt is not None and ckpt.is_file():
-        blob = torch.load(ckpt, weights_only=False)
+        blob = torch.load(ckpt, weights_only=False, map_location="cpu")
         if blob["config"] == asdict(cfg):
             translator.load_state_dict(blob["translator"])
             opt.load_state_dict(blob["optimizer"])
@@ -317,8 +326,9 @@ def train_head(model: DecoderLM, states: States, layer: int, cfg: TrainConfig,
         rows = batch_rows(step, cfg.batch, n_train, cfg.seed)
         for g in opt.param_groups:
             g["lr"] = learning_rate(step, cfg)
-        logits = student_logits(model, translator, hidden[rows], lm_head_fp32)
-        loss = kl_to_teacher(logits, states.top_idx[rows], states.top_logp[rows])
+        logits = student_logits(model, translator, hidden[rows].to(dev), lm_head_fp32)
+        loss = kl_to_teacher(logits, states.top_idx[rows].to(dev),
+                             states.top_logp[rows].to(dev))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -344,7 +354,8 @@ def _checkpoint(path: Path, translator: ExitTranslator, opt: torch.optim.Optimiz
                 history: list[dict], cfg: TrainConfig) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"translator": translator.state_dict(), "optimizer": opt.state_dict(),
+    torch.save({"translator": to_host(translator.state_dict()),
+                "optimizer": to_host(opt.state_dict()),
                 "step": step, "history": history, "config": asdict(cfg)}, tmp)
     tmp.replace(path)
 
@@ -395,12 +406,12 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--device", default="auto", metavar="DEVICE",
-                   help=DEVICE_HELP + "; training runs on the CPU for now")
+                   help=DEVICE_HELP + "; the saved head serves any device")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    resolve_device(args.device, cpu_only=TRAINING_ON_CPU)
+    device = resolve_device(args.device)
     if args.threads < 1:
         raise InvalidArgumentError("--threads must be >= 1")
     torch.set_num_threads(args.threads)
@@ -408,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    bundle = load_bundle(args.model, args.dtype)
+    bundle = load_bundle(args.model, args.dtype, device=device)
     model = bundle.model.requires_grad_(False)
     depth = model.config.num_layers
     layers = sorted({layer_from_fraction(depth, x) for x in str(args.layer).split(",")

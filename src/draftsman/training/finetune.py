@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 from torch import nn
 from tqdm import tqdm
 
+from draftsman.device import to_host
 from draftsman.errors import DraftsmanError, InvalidArgumentError
 
 CHECKPOINT = "checkpoint.pt"
@@ -68,10 +69,12 @@ class LoRALinear(nn.Module):
         self.base = base
         self.scale = alpha / rank
         bound = 1.0 / math.sqrt(base.in_features)  # kaiming-uniform(a=√5), as usual for A
+        # drawn on the host (the same adapters on every device), kept beside the base weight
         a = (torch.rand(rank, base.in_features, generator=generator) * 2 - 1) * bound
-        self.lora_a = nn.Parameter(a.to(base.weight.dtype))
-        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank,
-                                               dtype=base.weight.dtype))
+        w = base.weight
+        self.lora_a = nn.Parameter(a.to(w.device, w.dtype))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, dtype=w.dtype,
+                                               device=w.device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + self.scale * ((x @ self.lora_a.T) @ self.lora_b.T)
@@ -166,12 +169,13 @@ def reply_loss(model: nn.Module, example: Example, max_length: int
     ids = example.ids[:max_length]
     first = len(example.prompt_ids)
     n = len(ids) - first  # reply tokens inside the window
+    device = next(model.parameters()).device
     if n <= 0:
-        return torch.zeros(()), 0, 0
-    inputs = torch.tensor([ids[:-1]])
+        return torch.zeros((), device=device), 0, 0
+    inputs = torch.tensor([ids[:-1]], device=device)
     # the last n positions of ids[:-1] predict ids[-n:]
     logits = model(input_ids=inputs, logits_to_keep=n, use_cache=False).logits[0].float()
-    targets = torch.tensor(ids[-n:])
+    targets = torch.tensor(ids[-n:], device=device)
     loss = nn.functional.cross_entropy(logits, targets, reduction="sum")
     matches = int((logits.detach().argmax(-1) == targets).sum())
     return loss, n, matches
@@ -229,9 +233,11 @@ class Trainer:
         path = self.work / CHECKPOINT
         self.work.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
+        # on the host, so a checkpoint written on a GPU resumes anywhere
         torch.save({"step": self.step, "config": asdict(self.cfg),
-                    "trainable": {n: p.detach() for n, p in self.params.items()},
-                    "optimizer": self.optimizer.state_dict(), "history": self.history}, tmp)
+                    "trainable": to_host(dict(self.params)),
+                    "optimizer": to_host(self.optimizer.state_dict()),
+                    "history": self.history}, tmp)
         os.replace(tmp, path)  # atomic: a crash leaves the previous checkpoint intact
         return path
 
@@ -239,7 +245,7 @@ class Trainer:
         path = self.work / CHECKPOINT
         if not path.is_file():
             return False
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location="cpu")
         if state["config"] != asdict(self.cfg):
             raise InvalidArgumentError(
                 f"{path} was written with other training settings; use another --out or "
@@ -354,7 +360,7 @@ def save_model_folder(model: nn.Module, source: Path, out: Path, dtype: torch.dt
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)  # the loader ties it to the embedding again
-    tensors = {k: v.detach().to(dtype).contiguous() for k, v in state.items()
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()
                if "rotary_emb" not in k}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

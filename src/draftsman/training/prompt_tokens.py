@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from draftsman.bench.dataset_loaders import sharegpt_conversations
 from draftsman.core import GenerationConfig
-from draftsman.device import DEVICE_HELP, TRAINING_ON_CPU, resolve_device
+from draftsman.device import DEVICE_HELP, resolve_device, to_host
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.models.base import DecoderLM
 from draftsman.models.prompt_tokens import TREES_FILE, PromptTokens
@@ -123,16 +123,18 @@ def _chains(model: DecoderLM, emb: torch.Tensor, ids: list[int], points: list[in
     marks = set(points)
     spec = TreeSpec(tuple((0,) * d for d in range(s)),
                     tuple(m if d in marks else 0 for d in range(s)))
-    lay = layout(spec, n)
-    tokens = torch.tensor(ids, dtype=torch.long)[None]
-    pos = lay.offsets[None]
+    lay = layout(spec, n)  # built on the host, moved once per forward
+    dev = model.device
+    tokens = torch.tensor(ids, dtype=torch.long, device=dev)[None]
+    pos = lay.offsets.to(dev)[None]
     real = model.embed(tokens, pos[:, :s])  # [1, S, H]
-    prompt = emb.to(model.dtype)[lay.prompt_index - 1, lay.prompt_ept][None]  # [1, P, H]
+    index, ept = lay.prompt_index.to(dev) - 1, lay.prompt_ept.to(dev)
+    prompt = emb.to(dev, model.dtype)[index, ept][None]  # [1, P, H]
     embeds = torch.cat([real, prompt], dim=1)
     _grad_ready(model)
-    out = _FORWARD(model, None, pos, _NoCache(), mask=lay.mask, inputs_embeds=embeds,
+    out = _FORWARD(model, None, pos, _NoCache(), mask=lay.mask.to(dev), inputs_embeds=embeds,
                    logits_at=None, start=0)
-    return out.hidden[0], lay.prompt_rows[torch.tensor(points, dtype=torch.long)]
+    return out.hidden[0], lay.prompt_rows.to(dev)[torch.tensor(points, device=dev)]
 
 
 def chain_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points: list[int]
@@ -159,8 +161,8 @@ def distill_forward(model: DecoderLM, emb: torch.Tensor, ids: list[int], points:
     m = emb.shape[0]
     hidden, rows = _chains(model, emb, ids, points)
     student = _guesses(model, hidden, rows)
-    pt = torch.tensor(points, dtype=torch.long)
-    teacher_rows = pt[:, None] + torch.arange(1, m + 1)[None]  # [I, m]
+    pt = torch.tensor(points, dtype=torch.long, device=hidden.device)
+    teacher_rows = pt[:, None] + torch.arange(1, m + 1, device=hidden.device)[None]  # [I, m]
     with torch.no_grad():
         teacher = model.head(hidden[teacher_rows.reshape(-1)].detach()).float()
     return student, teacher.view(len(points), m, -1)
@@ -177,7 +179,7 @@ def distill_loss(student: torch.Tensor, teacher: torch.Tensor, alpha: float,
         per = (ls.exp() * (ls - lt)).sum(-1)
     else:
         raise ValueError(f"kl must be forward or reverse, got {kl!r}")
-    decay = alpha ** torch.arange(per.shape[1], dtype=per.dtype)
+    decay = alpha ** torch.arange(per.shape[1], dtype=per.dtype, device=per.device)
     return (per * decay).sum(-1).mean()
 
 
@@ -193,7 +195,7 @@ def evaluate(model: DecoderLM, emb: torch.Tensor, seqs: Sequence[Example], cfg: 
     gen = random.Random(seed)
     m = emb.shape[0]
     total, count = 0.0, 0
-    hits = torch.zeros(m, topk)
+    hits = torch.zeros(m, topk, device=model.device)
     n_pts = 0
     for ex in seqs:
         pts = insertion_points(len(ex.ids), ex.first, m, cfg.insertions, gen)
@@ -214,7 +216,8 @@ def evaluate(model: DecoderLM, emb: torch.Tensor, seqs: Sequence[Example], cfg: 
 def _save_checkpoint(folder: Path, emb: torch.Tensor, opt: torch.optim.Optimizer, step: int,
                      cfg: TrainConfig, history: list) -> None:
     tmp = folder / (CHECKPOINT + ".tmp")
-    torch.save({"embeddings": emb.detach().clone(), "optimizer": opt.state_dict(),
+    # on the host, so a checkpoint written on a GPU resumes on the CPU too
+    torch.save({"embeddings": emb.detach().cpu().clone(), "optimizer": to_host(opt.state_dict()),
                 "step": step, "config": asdict(cfg), "history": history}, tmp)
     tmp.replace(folder / CHECKPOINT)
 
@@ -234,12 +237,13 @@ def train(model: DecoderLM, train_seqs: Sequence[Example | list[int]],
     if not train_ex:
         raise ValueError("no training sequences")
     init = PromptTokens.from_vocabulary(model, cfg.count, cfg.epts, seed=cfg.seed)
-    emb = torch.nn.Parameter(init.embeddings.clone())
+    # the embeddings and Adam's moments live on the model's device; the data stays on the host
+    emb = torch.nn.Parameter(init.embeddings.clone().to(model.device))
     opt = torch.optim.Adam([emb], lr=cfg.lr)
     step, history = 0, []
     ckpt = out / CHECKPOINT
     if resume and ckpt.is_file():
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, weights_only=False, map_location="cpu")
         if state["config"] != asdict(cfg):
             raise ValueError(f"{ckpt} was written with another config; use a new --out or "
                              "--no-resume")
@@ -297,7 +301,7 @@ def train(model: DecoderLM, train_seqs: Sequence[Example | list[int]],
             _save_checkpoint(out, emb, opt, step, cfg, history)
     if bar is not None:
         bar.close()
-    prompts = PromptTokens(emb.detach().clone(), {**init.meta, **(meta or {}),
+    prompts = PromptTokens(emb.detach().cpu().clone(), {**init.meta, **(meta or {}),
                                                    "train": asdict(cfg), "history": history})
     prompts.save(out)
     return prompts, history
@@ -387,14 +391,14 @@ def register(train_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--device", default="auto", metavar="DEVICE",
-                   help=DEVICE_HELP + "; training runs on the CPU for now")
+                   help=DEVICE_HELP + "; the saved embeddings serve any device")
     p.set_defaults(func=run_cli)
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    resolve_device(args.device, cpu_only=TRAINING_ON_CPU)
+    device = resolve_device(args.device)
     torch.set_num_threads(args.threads)
-    bundle = load_bundle(args.target, args.dtype)
+    bundle = load_bundle(args.target, args.dtype, device=device)
     model, tok = bundle.model, bundle.tokenizer
     out = Path(args.out) if args.out else bundle.folder / "prompt_tokens"
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})

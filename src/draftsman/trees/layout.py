@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 
 import torch
@@ -138,6 +138,13 @@ class TreeLayout:
     def parent_list(self) -> list[int]:
         return self.parent.tolist()
 
+    def to(self, device: torch.device) -> TreeLayout:
+        """The same layout with every tensor on `device` (itself when already there)."""
+        if self.mask.device == device:
+            return self
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
     @cached_property
     def depth_list(self) -> list[int]:
         return self.depth.tolist()
@@ -234,7 +241,7 @@ def fill_tokens(lay: TreeLayout, guesses_topk: torch.Tensor | None, root: int) -
     guesses_topk [D', K] holds the ranked guesses for distances 1..D' (D' >= spec depth,
     K >= the largest rank + 1).
     """
-    tokens = torch.full((len(lay.spec.paths),), root, dtype=torch.long)
+    tokens = torch.full((len(lay.spec.paths),), root, dtype=torch.long, device=lay.depth.device)
     if len(lay.spec.paths) > 1:
         tokens[1:] = guesses_topk[lay.depth[1:] - 1, lay.rank[1:]]
     return tokens

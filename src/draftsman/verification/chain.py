@@ -39,28 +39,32 @@ def verify_sampling(
     sampler: Sampler,
 ) -> Verdict:
     """q [γ, V] draft probabilities (None: a deterministic drafter, q = one-hot on the draft),
-    p [γ + 1, V] target probabilities."""
+    p [γ + 1, V] target probabilities.
+
+    Everything is decided on p's device with tensor ops; the host reads the kept count and
+    the next token in one transfer. The generator is used as in the per-token rule (γ
+    uniforms, then one draw from the chosen distribution), so seeded draws are unchanged."""
     gamma = len(drafts)
-    if gamma:
-        idx = torch.tensor(drafts, device=p.device)
-        rows = torch.arange(gamma, device=p.device)
-        p_x = p[rows, idx]
-        q_x = q[rows, idx] if q is not None else torch.ones(gamma, device=p.device)
-        u = sampler.uniform(gamma, device=p.device)
-        # accept iff u < p/q, written without division: u * q < p
-        rejected = (u * q_x >= p_x).nonzero()
-        if rejected.numel():
-            n = int(rejected[0, 0])
-            if q is not None:
-                residual = (p[n] - q[n]).clamp_min(0)
-            else:
-                residual = p[n].clone()
-                residual[drafts[n]] = 0.0
-            total = residual.sum()
-            # total == 0 only if p == q at this position, where rejection has probability 0;
-            # guard against float round-off anyway by falling back to p.
-            dist = residual / total if total > 0 else p[n]
-            return Verdict(n, sampler.draw(dist), True)
-    return Verdict(gamma, sampler.draw(p[gamma]), False)
-
-
+    if not gamma:
+        return Verdict(0, sampler.draw(p[0]), False)
+    dev = p.device
+    idx = torch.tensor(drafts, device=dev)
+    rows = torch.arange(gamma, device=dev)
+    p_x = p[rows, idx]
+    q_x = q[rows, idx] if q is not None else torch.ones(gamma, device=dev)
+    u = sampler.uniform(gamma, device=dev)
+    # accept iff u < p/q, written without division: u * q < p; n = first rejection or γ
+    rejects = torch.cat([u * q_x >= p_x, torch.ones(1, dtype=torch.bool, device=dev)])
+    n = rejects.to(torch.uint8).argmax()
+    p_n = p[n]
+    row = n.clamp_max(gamma - 1)  # q has γ rows; row γ (no rejection) ignores it below
+    residual = ((p_n - q[row]).clamp_min(0) if q is not None
+                else p_n.scatter(0, idx[row][None], 0.0))  # one-hot q: p less the draft
+    total = residual.sum()
+    # total == 0 only if p == q at this position, where rejection has probability 0;
+    # guard against float round-off anyway by falling back to p.
+    recovered = torch.where(total > 0, residual / total, p_n)
+    dist = torch.where(n < gamma, recovered, p_n)  # all accepted: the bonus token from p_γ
+    token = sampler.draw_tensor(dist)
+    kept, next_token = torch.stack([n, token]).tolist()
+    return Verdict(kept, next_token, kept < gamma)

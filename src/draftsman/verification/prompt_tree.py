@@ -11,7 +11,11 @@ sparse tree: the next tree has candidates up to depth k.
 Exactness: candidate rows never attend to prompt rows, so the target's argmax at each
 candidate row equals its argmax after the same prefix in an ordinary forward; greedy
 matching (`accept_greedy`) therefore commits exactly the autoregressive tokens. Typical
-acceptance (Medusa) for sampling is lossy."""
+acceptance (Medusa) for sampling is lossy.
+
+Devices: every tensor of a step lives on the model's device (the layouts are moved there
+once and cached); the host keeps only the integers it branches on. A greedy step makes one
+transfer: the accepted node, the next token and the path's tokens together."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from draftsman.models.base import DecoderLM
 from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.sampling import Sampler
 from draftsman.trees.layout import TreeLayout, TreeSpec, fill_tokens, layout
-from draftsman.verification.tree import TypicalAcceptance, accept_greedy, accept_typical
+from draftsman.verification.tree import TypicalAcceptance, accept_typical, greedy_end
 
 
 @dataclass
@@ -65,7 +69,8 @@ class TreeDecoder:
             self.trees[state] = spec
         need = max((max(s.topk(), default=0) for s in self.trees.values()), default=0)
         self.topk = max(1, topk or need, need)
-        self._layouts: dict[tuple[int, int], TreeLayout] = {}
+        # (host layout for the integer lists, the same on the model's device for tensor ops)
+        self._layouts: dict[tuple[int, int], tuple[TreeLayout, TreeLayout]] = {}
 
     @property
     def max_rows(self) -> int:
@@ -73,14 +78,18 @@ class TreeDecoder:
 
     def layout(self, state: int | None, prefix: int) -> TreeLayout:
         """state None: the root alone with all m prompt tokens (prefill, stale guesses)."""
+        return self._layout_pair(state, prefix)[0]
+
+    def _layout_pair(self, state: int | None, prefix: int) -> tuple[TreeLayout, TreeLayout]:
         key = (-1 if state is None else state, prefix)
-        lay = self._layouts.get(key)
-        if lay is None:
+        pair = self._layouts.get(key)
+        if pair is None:
             spec = TreeSpec(((),), (self.m,)) if state is None else self.trees[state]
             lay = layout(spec, self.prompts.epts, prefix)
+            pair = (lay, lay.to(self.model.device))
             if prefix <= 1:  # prefills vary in length: cache only the per-step layouts
-                self._layouts[key] = lay
-        return lay
+                self._layouts[key] = pair
+        return pair
 
     def step(self, cache, pending: list[int], guesses: torch.Tensor | None,
              sampler: Sampler | None = None,
@@ -92,29 +101,34 @@ class TreeDecoder:
         """
         model = self.model
         state = None if guesses is None else int(guesses.shape[0])
-        lay = self.layout(state, len(pending) - 1)
-        cand = fill_tokens(lay, guesses, pending[-1])  # [C]
-        ids = torch.zeros(lay.rows, dtype=torch.long)  # prompt rows: any id, replaced below
-        ids[: lay.prefix] = torch.tensor(pending[:-1], dtype=torch.long)
-        ids[lay.node_rows] = cand
+        lay, dl = self._layout_pair(state, len(pending) - 1)  # host, device
+        dev = model.device
+        cand = fill_tokens(dl, guesses, pending[-1])  # [C] on the device
+        ids = torch.zeros(lay.rows, dtype=torch.long, device=dev)  # prompt rows: replaced below
+        ids[: lay.prefix] = torch.tensor(pending[:-1], dtype=torch.long, device=dev)
+        ids[dl.node_rows] = cand
         start = cache.length
-        pos = (lay.offsets + start + lay.prefix)[None]  # [1, T]
-        embeds = model.embed(ids[None].to(model.device), pos.to(model.device))  # [1, T, H]
+        pos = (dl.offsets + start + lay.prefix)[None]  # [1, T]
+        embeds = model.embed(ids[None], pos)  # [1, T, H]
         if lay.prompt_owner.numel():
             embeds[0, lay.node_rows.numel() + lay.prefix:] = \
-                self.embeds[lay.prompt_index - 1, lay.prompt_ept]
-        out = model(None, pos, cache, mask=lay.mask, inputs_embeds=embeds,
-                    logits_at=lay.node_rows, start=start)
+                self.embeds[dl.prompt_index - 1, dl.prompt_ept]
+        out = model(None, pos, cache, mask=dl.mask, inputs_embeds=embeds,
+                    logits_at=dl.node_rows, start=start)
         logits = out.logits[0]  # [C, V]
         greedy = sampler is None or sampler.greedy
         if greedy:
             argmax = logits.argmax(-1)
-            end = accept_greedy(lay, cand, argmax)
-            next_token = int(argmax[end])
+            end_t = greedy_end(dl, cand, argmax)
+            # one transfer: the node, the target's next token, the tokens root..node
+            got = torch.cat([end_t[None], argmax[end_t][None], cand[dl.ancestors[end_t]]])
+            end, next_token, *along = got.tolist()
+            accepted = along[1: lay.depth_list[end] + 1]
         else:
             probs = sampler.probs(logits)
-            end = accept_typical(lay, cand, probs, typical or TypicalAcceptance())
+            end = accept_typical(dl, cand, probs, typical or TypicalAcceptance())
             next_token = sampler.draw(probs[end])
+            accepted = cand[dl.ancestors[end, 1: lay.depth_list[end] + 1]].tolist()
         path = lay.path_to(end)
         slots = list(range(start, start + lay.prefix)) + [start + lay.node_rows_list[j]
                                                           for j in path]
@@ -122,12 +136,12 @@ class TreeDecoder:
         k = lay.prompt_count_list[end]
         new_guesses = None
         if k:
-            rows = lay.prompt_rows[end, :k].reshape(-1)  # [k * n]
+            rows = dl.prompt_rows[end, :k].reshape(-1)  # [k * n]
             g = model.head(out.hidden[0, rows])  # [k * n, V]
             g = g.view(k, lay.epts, -1).float().mean(1)  # EPT ensemble: mean of logits
             new_guesses = g.topk(min(self.topk, g.shape[-1]), dim=-1).indices  # [k, K]
         children = any(p == end for p in lay.parent_list[1:])
-        return Outcome(accepted=cand[path[1:]].tolist(), next_token=next_token, state=k,
+        return Outcome(accepted=accepted, next_token=next_token, state=k,
                        guesses=new_guesses, drafted=len(lay.spec.paths) - 1,
                        rejected=children, rows=lay.rows)
 

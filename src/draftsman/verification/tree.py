@@ -67,11 +67,17 @@ def accept_greedy(lay: TreeLayout, tokens: torch.Tensor, argmax: torch.Tensor) -
     correct iff its token equals the argmax at its parent; siblings hold distinct guesses,
     so at most one child of a node is correct and the accepted path is unique.
     """
+    return int(greedy_end(lay, tokens, argmax))
+
+
+def greedy_end(lay: TreeLayout, tokens: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """accept_greedy's node as a 0-d tensor on the tensors' device (no host sync); `lay`
+    must live there too."""
     ok = tokens == argmax[lay.parent]
     ok[0] = True
     path_ok = ok[lay.ancestors].all(-1)  # [C]
     score = torch.where(path_ok, lay.depth, -1)
-    return int(score.argmax())
+    return score.argmax()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,57 @@
+"""`--static` on bench and profile: the same tokens as the eager path (fp32, tiny models),
+recorded in the run's settings and environment, and a profile of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_bench import config, dataset, models, quiet  # noqa: F401 (fixtures)
+
+from draftsman.bench.results import ResultsFile
+from draftsman.bench.runner import run_bench
+from draftsman.cli.bench_cmd import config_from_args
+from draftsman.cli.main import build_parser, main
+from draftsman.engine import load_bundle
+from draftsman.profiling import model_kind
+
+METHODS = ["speculative:draft=ngram,gamma=2", "speculative:gamma=3"]
+
+
+def _tokens(out: Path) -> dict[tuple[str, str], list[int]]:
+    return {(r["prompt_id"], r["label"]): r["token_ids"] for r in ResultsFile(out).rows()}
+
+
+def test_bench_static_generates_the_eager_tokens(tmp_path, models, dataset) -> None:  # noqa: F811
+    eager = config(tmp_path / "eager", models, dataset, methods=METHODS, backend="torch")
+    static = config(tmp_path / "static", models, dataset, methods=METHODS, static=True)
+    run_bench(eager, log=quiet)
+    run_bench(static, log=quiet)
+    assert _tokens(tmp_path / "static") == _tokens(tmp_path / "eager")
+    rows = ResultsFile(tmp_path / "static").rows()
+    assert rows[0]["env"]["static"] is True
+    assert ResultsFile(tmp_path / "eager").rows()[0]["env"]["static"] is False
+    assert static.settings()["static"] is True and "static" not in eager.settings()
+
+
+def test_bench_and_profile_take_static() -> None:
+    parser = build_parser()
+    for command in (["bench"], ["profile"]):
+        assert parser.parse_args(command + ["--static"]).static
+        assert not parser.parse_args(command).static
+    assert config_from_args(parser.parse_args(["bench", "--static"])).static
+
+
+def test_profile_static_is_a_profile_of_its_own(tmp_path, models, monkeypatch,  # noqa: F811
+                                                capsys) -> None:
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+    target = str(models[0])
+    kinds = []
+    for extra in ([], ["--static"]):
+        assert main(["profile", "--target", target, "--dtype", "fp32", "--device", "cpu",
+                     "--lengths", "1,4", "--context", "8", "--repeats", "1", "--threads", "1",
+                     "--json", *extra]) == 0
+        kinds.append(json.loads(capsys.readouterr().out)["profile"])
+    assert kinds[0] != kinds[1] and "static" in kinds[1]
+    static = load_bundle(target, "fp32", device="cpu", static=True)
+    assert model_kind(static.model, "fp32") == "fp32-static"
