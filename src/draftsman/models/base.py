@@ -118,8 +118,9 @@ def uses_matmul_attention(rows: int, device: torch.device) -> bool:
     its one-row path grows 4-7x faster with the context than two float32 matmuls (per layer
     of a 1.5B model on a 2-core AVX2 EPYC, context 100 / 500 / 2000: 213 / 830 / 3330 us
     against 90 / 140 / 330 us). Up to MATMUL_ATTENTION_ROWS rows the matmuls win or tie;
-    a long prefill keeps SDPA. The matmul path also gives every row the same bits whatever
-    the number of rows, so a verify row equals the decode of that token alone.
+    a long prefill keeps SDPA. On that model at q4 the matmul path also gave verify rows
+    (T = 4, 16) the bits of one-token decodes, which SDPA did not (an argmax differed at
+    T = 16); BLAS does not promise this for every shape.
     """
     return device.type == "cpu" and rows <= MATMUL_ATTENTION_ROWS
 
