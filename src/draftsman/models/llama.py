@@ -84,7 +84,7 @@ class Block(nn.Module):
 
     def forward(self, x, rope, cache, layer, start, mask) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, start, mask)
-        return x.add_(self.mlp(self.post_attention_layernorm(x)))  # x is this block's own
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(DecoderLM):
