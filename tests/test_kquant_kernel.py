@@ -100,3 +100,16 @@ def test_bad_shapes_are_one_line_errors():
         mm(torch.randn(1, 256), rows, Q.Q6_K)
     with pytest.raises(RuntimeError, match="Q4_K or Q6_K"):
         mm(torch.randn(1, 256), rows, Q.Q8_0)
+
+
+def test_fake_kernel_gives_the_real_shape_and_dtype():
+    """torch.compile traces the operator through its registered fake: shapes, no work."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rows = torch.from_numpy(random_blocks(Q.Q4_K, 24, 512, seed=4))
+    xb = torch.randn(3, 512).bfloat16()
+    real = torch.ops.draftsman.kquant_mm(xb, rows, int(Q.Q4_K))
+    with FakeTensorMode() as mode:
+        fake = torch.ops.draftsman.kquant_mm(mode.from_tensor(xb), mode.from_tensor(rows),
+                                             int(Q.Q4_K))
+    assert fake.shape == real.shape and fake.dtype == real.dtype

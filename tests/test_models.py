@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny import FAMILIES, tiny_pair
+
+from draftsman.models.base import additive_mask, causal_mask, matmul_attention
 
 ATOL = 2e-4
 
@@ -124,3 +127,24 @@ def test_q8_weights_approximate_and_stay_self_consistent():
     q(ids[:, :6], positions_for(0, 6), cache)
     step = q(ids[:, 6:7], positions_for(6, 1), cache).logits
     torch.testing.assert_close(step[:, -1].float(), out[:, 6].float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [1, 3, 16])
+def test_matmul_attention_matches_sdpa_and_each_row_alone(dtype, t):
+    """The short-batch CPU attention: SDPA's answer, and row i of a T-row call attends as
+    it would alone over its own prefix."""
+    g = torch.Generator().manual_seed(t)
+    b, hq, hkv, d, start = 2, 6, 2, 32, 40
+    q = torch.randn(b, hq, t, d, generator=g).to(dtype)
+    keys, values = (torch.randn(b, hkv, start + t, d, generator=g).to(dtype) for _ in "kv")
+    mask = causal_mask(start, t, torch.device("cpu"))
+    got = matmul_attention(q, keys, values, None if t == 1 else additive_mask(mask))
+    want = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want.transpose(1, 2).reshape(b, t, -1), atol=tol, rtol=tol)
+    assert torch.equal(got, matmul_attention(q, keys, values, mask))  # boolean mask: same
+    for i in range(t):
+        n = start + i + 1
+        alone = matmul_attention(q[:, :, i : i + 1], keys[:, :, :n], values[:, :, :n], None)
+        torch.testing.assert_close(got[:, i : i + 1], alone, atol=tol, rtol=tol)

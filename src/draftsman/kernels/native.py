@@ -97,7 +97,14 @@ def _load() -> bool:
     except (RuntimeError, OSError) as exc:
         _reason.append(str(exc).splitlines()[0])
         return False
+    # shapes without running the kernel, for torch.compile's tracing
+    torch.library.register_fake("draftsman::kquant_mm")(_kquant_mm_fake)
     return True
+
+
+def _kquant_mm_fake(x: torch.Tensor, w: torch.Tensor, qtype: int,
+                    simd: bool = True) -> torch.Tensor:
+    return x.new_empty((x.shape[0], w.shape[0]))
 
 
 def kquant_available() -> bool:

@@ -30,10 +30,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalise in float32, scale in the model dtype (as the reference implementations do)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # normalise in float32, scale in the model dtype (as the reference implementations
+        # do); F.rms_norm is the same arithmetic as the spelled-out float32 ops, in one call
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -45,19 +44,23 @@ class Attention(nn.Module):
         self.o_proj = Linear(q_dim, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
-        self.split = (q_dim, kv_dim, kv_dim)
 
     def forward(self, x, rope, cache: KVCache, layer: int, start: int, mask) -> torch.Tensor:
         b, t, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
-        k = k.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = v.view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        nq, nkv, d = self.n_heads, self.n_kv, self.head_dim
+        qkv = self.qkv_proj(x)
         cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        return self.o_proj(cached_attention(q, k, v, cache, layer, start, mask))
+        if self.q_norm is None:  # q and k heads side by side: one rotation for both
+            qk = apply_rotary(qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), cos, sin)
+            q, k = qk.split((nq, nkv), dim=2)
+        else:
+            q = self.q_norm(qkv[..., : nq * d].view(b, t, nq, d))
+            k = self.k_norm(qkv[..., nq * d : (nq + nkv) * d].view(b, t, nkv, d))
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        v = qkv[..., (nq + nkv) * d :].view(b, t, nkv, d)
+        attn = cached_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                cache, layer, start, mask)  # [B, H, T, D] views
+        return self.o_proj(attn)
 
 
 class SwiGLU(nn.Module):
@@ -68,7 +71,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class Block(nn.Module):

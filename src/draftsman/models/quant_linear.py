@@ -142,8 +142,8 @@ class KQuantMatrix(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in (torch.float32, torch.bfloat16):
-            x = x.float()
-        return torch.ops.draftsman.kquant_mm(x, self.blocks, self.qtype).to(x.dtype)
+            return self(x.float()).to(x.dtype)
+        return torch.ops.draftsman.kquant_mm(x, self.blocks, self.qtype)  # in x's dtype
 
 
 class Int4Matrix(nn.Module):
@@ -206,11 +206,13 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(self.dtype).contiguous()
+        x2 = x.reshape(-1, shape[-1])
+        if x2.dtype != self.dtype or not x2.is_contiguous():
+            x2 = x2.to(self.dtype, memory_format=torch.contiguous_format)
         ys = [p(x2) for p in self.parts]
         y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         if self.bias is not None:
-            y = y + self.bias
+            y = y.add_(self.bias)  # y is the kernels' fresh output
         return y.reshape(*shape[:-1], self.out_features)
 
 

@@ -70,7 +70,10 @@ def _yarn(
 
 
 class RotaryTable:
-    """cos/sin for every position up to `max_positions`, computed once in float32."""
+    """cos/sin for every position up to `max_positions`, computed once in float32.
+
+    `sin` has its first half negated: `apply_rotary` then rotates with one flip instead of
+    a slice, a negation and a concatenation (the same bits: (-a) * b == a * (-b))."""
 
     def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> None:
@@ -79,18 +82,20 @@ class RotaryTable:
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [P, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, D]
+        sign = torch.cat([-torch.ones_like(inv_freq), torch.ones_like(inv_freq)])
         self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)
-        self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * scale * sign).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] -> cos, sin [B, 1, T, D] (broadcast over heads)."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """positions [B, T] -> cos, sin [B, T, 1, D] (broadcast over heads)."""
+        return self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
 
 
 def apply_rotary(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
-    """x [B, H, T, D]: rotate each (i, i + D/2) pair by its position's angle."""
+    """x [B, T, H, D], cos/sin from `RotaryTable.lookup`: rotate each (i, i + D/2) pair by
+    its position's angle."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)  # (x2, x1), a fresh tensor
+    return (x * cos).add_(swapped.mul_(sin))
