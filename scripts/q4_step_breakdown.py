@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Where a torch `--dtype q4` decode step spends its time: the K-quant kernel or the rest.
+
+Times one forward of T new rows after `--context` cached tokens twice in one process:
+as loaded, and with every K-quant matrix replaced by an output allocation (no weight read).
+The second figure is the floor the glue sets (norms, RoPE, attention, activations, Python);
+the difference is the kernel's share. Issue 22 uses it to explain the gap to llama.cpp.
+
+    scripts/q4_step_breakdown.py                  # T = 1, 4, 16 after 256 tokens
+    scripts/q4_step_breakdown.py --rows 1 --repeats 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+from draftsman.models.loader import load_model
+from draftsman.models.quant_linear import KQuantMatrix
+from draftsman.store.resolve import resolve_gguf, resolve_model
+
+
+def time_step(model, cache, context: int, rows: int, repeats: int) -> tuple[float, float]:
+    """(best, median) ms of one forward of `rows` new tokens after `context` cached ones."""
+    ids = torch.zeros(1, rows, dtype=torch.long)
+    pos = torch.arange(context, context + rows)[None]
+    times = []
+    for i in range(repeats + 3):  # 3 warm-up forwards
+        start = time.perf_counter()
+        model(ids, pos, cache, logits_at=slice(-1, None), start=context)
+        if i >= 3:
+            times.append((time.perf_counter() - start) * 1e3)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--rows", default="1,4,16", help="comma-separated new-token counts")
+    p.add_argument("--context", type=int, default=256, help="cached tokens before the step")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    model = load_model(resolve_model(a.model, pull=False), "q4",
+                       gguf=resolve_gguf(a.model, pull=False))
+    blocks = sum(m.blocks.numel() for m in model.modules() if isinstance(m, KQuantMatrix))
+    cache = model.new_cache(a.context + 64)
+    model(torch.randint(0, 1000, (1, a.context)), torch.arange(a.context)[None], cache,
+          logits_at=slice(-1, None))
+    rows = [int(r) for r in a.rows.split(",")]
+    real = {t: time_step(model, cache, a.context, t, a.repeats) for t in rows}
+    kernel_forward = KQuantMatrix.forward
+    KQuantMatrix.forward = lambda self, x: x.new_empty(x.shape[0], self.out_features)
+    try:
+        glue = {t: time_step(model, cache, a.context, t, a.repeats) for t in rows}
+    finally:
+        KQuantMatrix.forward = kernel_forward
+    print(f"{a.model} q4, {platform.processor() or platform.machine()}, {a.threads} threads, "
+          f"{blocks / 2**20:.0f} MiB of K-quant blocks, {a.context} cached tokens")
+    print("| rows | step ms (best / median) | glue only ms | kernel ms | kernel GB/s |")
+    print("|---|---|---|---|---|")
+    for t in rows:
+        kernel = real[t][1] - glue[t][1]
+        print(f"| {t} | {real[t][0]:.1f} / {real[t][1]:.1f} | {glue[t][1]:.1f} | {kernel:.1f} "
+              f"| {blocks / kernel / 1e6:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
