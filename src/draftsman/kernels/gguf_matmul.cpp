@@ -196,20 +196,42 @@ void q4k_unpack_scales(const uint8_t* s, uint8_t* out) {
   std::memcpy(out, words, 16);
 }
 
+// Broadcast masks for _mm256_shuffle_epi8 on int16 lanes: mask `pick(a, b)` fills the low
+// 128-bit lane with int16 element a of that lane and the high lane with element b of its own.
+__m256i pick16(int a, int b) {
+  return _mm256_setr_epi8(2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1,
+                          2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1,
+                          2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1,
+                          2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1);
+}
+
+float hsum128(__m128 s) {
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // R rows of x against one weight row: the weights are unpacked once per block and reused.
+// Per block and row: 8 maddubs (u8 nibbles x s8 activations -> s16) and 8 madd by the
+// sub-block scale (-> s32); the mins term sum_j m_j * sum(x over sub-block j) is one madd,
+// accumulated as floats across blocks and reduced once at the end.
 template <int R>
 void q4k_rows_avx2(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t stride, float* out) {
   const __m256i low4 = _mm256_set1_epi8(15);
+  __m256i pick[8];
+  for (int j = 0; j < 8; ++j) pick[j] = pick16(j, j);
   __m256 acc[R];
-  float mins[R];
+  __m128 accm[R];
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm256_setzero_ps();
-    mins[r] = 0.f;
+    accm[r] = _mm_setzero_ps();
   }
   for (int64_t b = 0; b < nb; ++b, w += Q4K_BYTES) {
     alignas(16) uint8_t sm[16];
     q4k_unpack_scales(w + 4, sm);
-    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8)));
+    const __m256i sm16 = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(sm)));
+    const __m256i scales = _mm256_permute2x128_si256(sm16, sm16, 0x00);  // s0..s7 | s0..s7
+    const __m128i mins16 = _mm256_extracti128_si256(sm16, 1);
     const float d = fast_half(w), dmin = fast_half(w + 2);
     __m256i q[8];
     for (int p = 0; p < 4; ++p) {
@@ -222,35 +244,33 @@ void q4k_rows_avx2(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t strid
       __m256i iacc = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q + 32 * j));
-        // u8 x s8 pairs -> s16 (|.| <= 2 * 15 * 127), x the sub-block scale -> s32
-        iacc = _mm256_add_epi32(
-            iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv), _mm256_set1_epi16(sm[j])));
+        // |maddubs| <= 2 * 15 * 127, x 6-bit scale pairs: far inside int32
+        iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv),
+                                                        _mm256_shuffle_epi8(scales, pick[j])));
       }
-      // sum_j min_j * (sum of x over sub-block j)
-      __m128i mp = _mm_madd_epi16(mins16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.psums)));
-      mp = _mm_add_epi32(mp, _mm_shuffle_epi32(mp, 0x4e));
-      mp = _mm_add_epi32(mp, _mm_shuffle_epi32(mp, 0xb1));
-      const int msum = _mm_cvtsi128_si32(mp);
+      const __m128i mp =
+          _mm_madd_epi16(mins16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.psums)));
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(iacc), acc[r]);
-      mins[r] += dmin * xb.d * static_cast<float>(msum);
+      accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * xb.d), _mm_cvtepi32_ps(mp), accm[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - mins[r];
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - hsum128(accm[r]);
 }
 
+// Q6_K: weights 0..63 (the -32 is taken out through the 16-wide activation sums, folded into
+// the same int32 accumulator), a signed 8-bit scale per 16 weights.
 template <int R>
 void q6k_rows_avx2(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t stride, float* out) {
   const __m256i low4 = _mm256_set1_epi8(15);
-  const __m256i two = _mm256_set1_epi8(3);
+  const __m256i hi2 = _mm256_set1_epi8(0x30);
+  // 32 elements j = sub-blocks 2j (low lane) and 2j + 1 (high lane)
+  const __m256i pick[4] = {pick16(0, 1), pick16(2, 3), pick16(4, 5), pick16(6, 7)};
   __m256 acc[R];
-  float offsets[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    offsets[r] = 0.f;
-  }
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, w += Q6K_BYTES) {
-    const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 192)));
+    const __m256i sc_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);  // s0..s7 twice
+    const __m256i sc_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);  // s8..s15 twice
     const float d = fast_half(w + 208);
     __m256i q[8], sc[8];
     for (int half = 0; half < 2; ++half) {
@@ -260,39 +280,32 @@ void q6k_rows_avx2(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t strid
       const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
       __m256i* o = q + 4 * half;
-      o[0] = _mm256_or_si256(_mm256_and_si256(a, low4),
-                             _mm256_slli_epi16(_mm256_and_si256(h, two), 4));
-      o[1] = _mm256_or_si256(_mm256_and_si256(c, low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two), 4));
-      o[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two), 4));
+      // high 2 bits of chunk c sit at bits 2c..2c+1 of h; moved to bits 4..5
+      o[0] = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2));
+      o[1] = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2));
+      o[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(h, hi2));
       o[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two), 4));
+                             _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2));
     }
-    for (int j = 0; j < 8; ++j) {  // 32 elements = sub-blocks 2j (first 16) and 2j + 1
-      sc[j] = _mm256_set_m128i(_mm_set1_epi16(scales[2 * j + 1]), _mm_set1_epi16(scales[2 * j]));
+    for (int j = 0; j < 4; ++j) {
+      sc[j] = _mm256_shuffle_epi8(sc_lo, pick[j]);
+      sc[j + 4] = _mm256_shuffle_epi8(sc_hi, pick[j]);
     }
     for (int r = 0; r < R; ++r) {
       const Q8Block& xb = x[r * stride + b];
-      __m256i iacc = _mm256_setzero_si256();
+      // sum_i sc_i * bsums_i, for the -32 in (q - 32): per lane |.| <= 2 * 128 * 2032 * 32
+      __m256i iacc = _mm256_slli_epi32(_mm256_madd_epi16(
+          sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums))), 5);
+      iacc = _mm256_sub_epi32(_mm256_setzero_si256(), iacc);
       for (int j = 0; j < 8; ++j) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q + 32 * j));
         // u8 (0..63) x s8 pairs -> s16 (|.| <= 2 * 63 * 127), x scale pairs -> s32
         iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv), sc[j]));
       }
-      // sum_i sc_i * bsums_i, for the -32 in (q - 32)
-      const __m256i op = _mm256_madd_epi16(
-          sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
-      __m128i o4 = _mm_add_epi32(_mm256_castsi256_si128(op), _mm256_extracti128_si256(op, 1));
-      o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0x4e));
-      o4 = _mm_add_epi32(o4, _mm_shuffle_epi32(o4, 0xb1));
-      const int offset = _mm_cvtsi128_si32(o4);
-      const float dd = d * xb.d;
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(iacc), acc[r]);
-      offsets[r] += dd * static_cast<float>(32 * offset);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb.d), _mm256_cvtepi32_ps(iacc), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - offsets[r];
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 #endif
 
