@@ -150,6 +150,9 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
     if summary:
         paths = ", ".join(f"{n} {kind}" for kind, n in summary.items())
         print(f"weights: {paths}", file=sys.stderr)
+        if getattr(engine.target.model, "fused_cpu_ops", False):
+            print("ops: norms, SwiGLU and short attention on draftsman's fused CPU kernels",
+                  file=sys.stderr)
         if not kquant_available() and any(k.startswith(("Q4_K", "Q6_K")) for k in summary):
             print(f"note: K-quant kernel unavailable ({unavailable_reason()}); "
                   "PyTorch's packed kernels instead", file=sys.stderr)

@@ -24,7 +24,8 @@ import torch
 
 from draftsman.store.home import draftsman_home
 
-SOURCE = Path(__file__).with_name("gguf_matmul.cpp")
+# one library: the K-quant matrix product and the small ops around it in a decode step
+SOURCES = (Path(__file__).with_name("gguf_matmul.cpp"), Path(__file__).with_name("decode_ops.cpp"))
 _reason: list[str] = []
 
 
@@ -47,7 +48,7 @@ def cpu_signature() -> str:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
     key.update(torch.__version__.encode())
     key.update(" ".join(simd_flags()).encode())
     key.update(cpu_signature().encode())
@@ -65,7 +66,7 @@ def compile_command(out: Path) -> list[str]:
         compiler, "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *simd_flags(),
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w",
         *(f"-I{p}" for p in cpp_extension.include_paths()),
-        str(SOURCE), "-o", str(out),
+        *(str(src) for src in SOURCES), "-o", str(out),
         *(f"-L{p}" for p in cpp_extension.library_paths()),
         "-lc10", "-ltorch_cpu", "-ltorch",
     ]
@@ -80,12 +81,12 @@ def build(verbose: bool = False) -> Path:
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     cmd = compile_command(tmp)
     if verbose:
-        print(f"building {SOURCE.name} -> {out}", file=sys.stderr)
+        print(f"building {', '.join(s.name for s in SOURCES)} -> {out}", file=sys.stderr)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"compiling {SOURCE.name} failed: {last}")
+        raise RuntimeError(f"compiling the kernels failed: {last}")
     tmp.replace(out)  # atomic: a concurrent build never loads half a file
     return out
 
@@ -99,12 +100,22 @@ def _load() -> bool:
         return False
     # shapes without running the kernel, for torch.compile's tracing
     torch.library.register_fake("draftsman::kquant_mm")(_kquant_mm_fake)
+    torch.library.register_fake("draftsman::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
+    torch.library.register_fake("draftsman::silu_mul")(
+        lambda gu: gu.new_empty((gu.shape[0], gu.shape[1] // 2)))
+    torch.library.register_fake("draftsman::short_attention")(_short_attention_fake)
     return True
 
 
 def _kquant_mm_fake(x: torch.Tensor, w: torch.Tensor, qtype: int,
                     simd: bool = True) -> torch.Tensor:
     return x.new_empty((x.shape[0], w.shape[0]))
+
+
+def _short_attention_fake(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          bias: torch.Tensor | None, scale: float) -> torch.Tensor:
+    b, h, t, d = q.shape
+    return q.new_empty((b, t, h * d))
 
 
 def kquant_available() -> bool:

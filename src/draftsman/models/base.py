@@ -155,12 +155,19 @@ def cached_attention(
     layer: int,
     start: int,
     mask: torch.Tensor | None,
+    fused: bool = False,
 ) -> torch.Tensor:
     """q [B, Hq, T, D], k/v [B, Hkv, T, D] for the new tokens -> [B, T, Hq * D].
 
-    `mask` as `attention_mask` builds it, additive where `uses_matmul_attention`."""
+    `mask` as `attention_mask` builds it, additive where `uses_matmul_attention`; there,
+    `fused` computes it in one call to draftsman's own CPU kernel (kernels/decode_ops.cpp,
+    float32 within, each query row on its own) instead of ~15 PyTorch operators."""
     keys, values = cache.write(layer, start, k, v)  # [B, Hkv, start+T, D]
     if uses_matmul_attention(q.shape[2], q.device):
+        if fused:
+            bias = additive_mask(mask) if mask is not None and mask.dtype == torch.bool else mask
+            return torch.ops.draftsman.short_attention(q, keys, values, bias,
+                                                       q.shape[-1] ** -0.5)
         return matmul_attention(q, keys, values, mask)
     out = F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
@@ -176,6 +183,7 @@ class DecoderLM(nn.Module):
     layers: nn.ModuleList
     norm: nn.Module
     lm_head: nn.Linear
+    fused_cpu_ops = False  # set by use_fused_cpu_ops, with every module that declares it
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -199,6 +207,17 @@ class DecoderLM(nn.Module):
         return Capabilities(backend="torch", layer_ranges=True, input_embeddings=True,
                             hidden_states=True, exact_tree_keep=True, max_tree_rows=None,
                             device=self.device.type, numerics=None)
+
+    def use_fused_cpu_ops(self, on: bool = True) -> None:
+        """Run the small ops of a step (RMSNorm, SwiGLU's silu * up, attention over up to
+        MATMUL_ATTENTION_ROWS new rows) as one call each to draftsman's own CPU kernels
+        (kernels/decode_ops.cpp) instead of several PyTorch operators. They are batch
+        invariant like the PyTorch path but round attention differently, so a model keeps
+        one choice for its whole life; `quantize_model` takes them where they build. Caller
+        checks `draftsman.kernels.native.kquant_available()` first."""
+        for module in self.modules():
+            if hasattr(module, "fused_cpu_ops"):
+                module.fused_cpu_ops = on
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         c = self.config

@@ -24,18 +24,25 @@ FUSED_LINEARS: dict[str, tuple[str, ...]] = {
 
 
 class RMSNorm(nn.Module):
+    fused_cpu_ops = False  # see DecoderLM.use_fused_cpu_ops
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_cpu_ops and x.is_cpu:  # the same roundings, one call
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            return torch.ops.draftsman.rms_norm(rows, self.weight, self.eps).view(x.shape)
         # normalise in float32, scale in the model dtype (as the reference implementations
         # do); F.rms_norm is the same arithmetic as the spelled-out float32 ops, in one call
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
+    fused_cpu_ops = False  # see DecoderLM.use_fused_cpu_ops
+
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
@@ -59,18 +66,26 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = qkv[..., (nq + nkv) * d :].view(b, t, nkv, d)
         attn = cached_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                cache, layer, start, mask)  # [B, H, T, D] views
+                                cache, layer, start, mask,
+                                fused=self.fused_cpu_ops)  # [B, H, T, D] views
         return self.o_proj(attn)
 
 
 class SwiGLU(nn.Module):
+    fused_cpu_ops = False  # see DecoderLM.use_fused_cpu_ops
+
     def __init__(self, c: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.fused_cpu_ops and x.is_cpu:
+            rows = gate_up.reshape(-1, gate_up.shape[-1]).contiguous()
+            act = torch.ops.draftsman.silu_mul(rows)  # silu(gate) * up, one call
+            return self.down_proj(act.view(*gate_up.shape[:-1], act.shape[-1]))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
 

@@ -283,7 +283,8 @@ def quantize_model(model: DecoderLM, kind: str,
     With `blocks` (a GGUF's matrices by Hugging Face name) the weights come from them;
     without, `q8` quantises the model's own weights and `q4` is refused (it exists to run
     a GGUF's own 4-bit blocks). The activation dtype stays the model's. Sets
-    `model.quant_summary`: how many matrices took which path.
+    `model.quant_summary`: how many matrices took which path. On the CPU, where the
+    kernels build, the small ops between the matrices take them too (`use_fused_cpu_ops`).
     """
     if kind not in QUANT_KINDS:
         raise InvalidArgumentError(f"unknown quantisation {kind!r}; choose q4 or q8")
@@ -311,5 +312,7 @@ def quantize_model(model: DecoderLM, kind: str,
         quant = QuantLinear(_runs(sources, kind, dtype, summary), linear.in_features, bias, dtype)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, quant)
+    if kquant_available() and model.device.type == "cpu":
+        model.use_fused_cpu_ops()
     model.quant_summary = dict(summary)
     return model

@@ -1,0 +1,126 @@
+"""The fused CPU ops between a step's matrices (kernels/decode_ops.cpp).
+
+Each is held to the PyTorch arithmetic it replaces, every output row to itself computed
+alone (batch invariance: what exact decoding on them rests on), and the attention's mask to
+a negative control: a masked key must not matter, a visible one must.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny import tiny_pair
+
+from draftsman.kernels.native import kquant_available
+from draftsman.models.base import additive_mask, causal_mask, matmul_attention
+
+pytestmark = pytest.mark.skipif(not kquant_available(), reason="no C++ compiler here")
+ops = torch.ops.draftsman
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * F.rms_norm(x.float(), w.shape, eps=eps).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [64, 1536, 100])
+def test_rms_norm_matches_pytorch_and_is_batch_invariant(dtype, width):
+    torch.manual_seed(0)
+    x = (torch.randn(9, width) * 3).to(dtype)
+    w = torch.randn(width).to(dtype)
+    got = ops.rms_norm(x, w, 1e-6)
+    want = rms_reference(x, w, 1e-6)
+    # the sum of squares runs in another order: at most a rounding apart
+    torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 8e-3,
+                               atol=1e-5)
+    if dtype == torch.bfloat16:  # float32 differs in last bits; bf16 rounds them away
+        assert (got == want).float().mean() > 0.95
+    for r in (0, 4, 8):
+        assert torch.equal(ops.rms_norm(x[r:r + 1].contiguous(), w, 1e-6)[0], got[r])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_pytorch_and_is_batch_invariant(dtype):
+    torch.manual_seed(1)
+    gate_up = (torch.randn(5, 2 * 1100) * 6).to(dtype)  # 1100: vector body and scalar tail
+    gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -90.0])
+    gate, up = gate_up.chunk(2, dim=-1)
+    got = ops.silu_mul(gate_up)
+    want = F.silu(gate).mul_(up)
+    torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 8e-3,
+                               atol=1e-6)
+    assert torch.isfinite(got).all()
+    for r in (0, 3):
+        assert torch.equal(ops.silu_mul(gate_up[r:r + 1].contiguous())[0], got[r])
+
+
+def attention_inputs(dtype, t=4, start=37, hq=6, hkv=2, d=40, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, hq, t, d, generator=g).to(dtype)
+    keys = torch.randn(1, hkv, start + t, d, generator=g).to(dtype)
+    values = torch.randn(1, hkv, start + t, d, generator=g).to(dtype)
+    return q, keys, values
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_short_attention_matches_matmul_attention(dtype):
+    q, keys, values = attention_inputs(dtype)
+    bias = additive_mask(causal_mask(37, 4, q.device))
+    got = ops.short_attention(q, keys, values, bias, q.shape[-1] ** -0.5)
+    want = matmul_attention(q, keys, values, bias)
+    assert got.shape == want.shape == (1, 4, 6 * 40)
+    torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-2,
+                               atol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_short_attention_rows_are_one_row_calls(dtype):
+    q, keys, values = attention_inputs(dtype, t=5)
+    bias = additive_mask(causal_mask(37, 5, q.device))
+    rows = ops.short_attention(q, keys, values, bias, 0.1)
+    for t in range(5):
+        end = 37 + t + 1  # the slots a one-token decode at this position would see
+        alone = ops.short_attention(q[:, :, t:t + 1], keys[:, :, :end], values[:, :, :end],
+                                    None, 0.1)
+        assert torch.equal(alone[:, 0], rows[:, t]), t
+
+
+def test_short_attention_mask_hides_exactly_the_masked_slots():
+    q, keys, values = attention_inputs(torch.float32, t=3)
+    mask = torch.ones(3, 40, dtype=torch.bool)
+    mask[:, 10] = False  # a tree mask: slot 10 hidden from every row
+    bias = additive_mask(mask[None, None])
+    base = ops.short_attention(q, keys, values, bias, 0.2)
+    hidden = values.clone()
+    hidden[:, :, 10] = 1e6
+    assert torch.equal(ops.short_attention(q, keys, hidden, bias, 0.2), base)
+    seen = values.clone()
+    seen[:, :, 11] += 1.0  # the negative control: a visible slot changes the answer
+    assert not torch.allclose(ops.short_attention(q, keys, seen, bias, 0.2), base)
+
+
+def test_short_attention_groups_query_heads_onto_their_kv_head():
+    q, keys, values = attention_inputs(torch.float32, t=1, hq=6, hkv=2)
+    got = ops.short_attention(q, keys, values, None, 0.3)
+    # reference with K/V repeated per query head: head h reads KV head h // 3
+    k = keys.repeat_interleave(3, dim=1)
+    v = values.repeat_interleave(3, dim=1)
+    p = torch.softmax(q @ k.transpose(-1, -2) * 0.3, dim=-1)
+    want = (p @ v).transpose(1, 2).reshape(1, 1, -1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_model_on_fused_ops_matches_the_pytorch_path(family):
+    _, model = tiny_pair(family)
+    tokens = torch.tensor([[5, 9, 2, 44, 17, 3, 60, 8]])
+    positions = torch.arange(8)[None]
+    want = model(tokens, positions, model.new_cache(16)).logits
+    model.use_fused_cpu_ops()
+    assert model.fused_cpu_ops and model.layers[0].mlp.fused_cpu_ops
+    prefix = model.new_cache(16)
+    model(tokens[:, :5], positions[:, :5], prefix)  # then 3 rows on the short attention
+    got = model(tokens[:, 5:], positions[:, 5:], prefix).logits
+    torch.testing.assert_close(got, want[:, 5:], rtol=1e-4, atol=1e-4)
