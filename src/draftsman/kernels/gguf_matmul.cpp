@@ -43,6 +43,7 @@ constexpr int Q4K_BYTES = 144;
 constexpr int Q6K_BYTES = 210;
 constexpr int64_t TYPE_Q4_K = 12;  // GGML type numbers
 constexpr int64_t TYPE_Q6_K = 14;
+constexpr int64_t TILE_BYTES = 256 * 1024;  // quantised activation rows kept hot per tile
 
 // One 256-wide block of an activation row quantised to int8: x ~= d * q.
 struct Q8Block {
@@ -239,14 +240,19 @@ void q4k_rows_avx2(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t strid
       q[2 * p] = _mm256_and_si256(bytes, low4);
       q[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4);
     }
+    // one row: each scale broadcast where it is used; several: once per block for all rows
+    __m256i sc[R > 1 ? 8 : 1];
+    if constexpr (R > 1) {
+      for (int j = 0; j < 8; ++j) sc[j] = _mm256_shuffle_epi8(scales, pick[j]);
+    }
     for (int r = 0; r < R; ++r) {
       const Q8Block& xb = x[r * stride + b];
       __m256i iacc = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q + 32 * j));
+        const __m256i scale = R > 1 ? sc[j] : _mm256_shuffle_epi8(scales, pick[j]);
         // |maddubs| <= 2 * 15 * 127, x 6-bit scale pairs: far inside int32
-        iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv),
-                                                        _mm256_shuffle_epi8(scales, pick[j])));
+        iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], xv), scale));
       }
       const __m128i mp =
           _mm_madd_epi16(mins16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.psums)));
@@ -373,24 +379,31 @@ at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, bo
   c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() : nullptr;
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const Kernels kernels = pick(qtype, simd);
-  // each output column is one thread's work: the split never changes a value
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    float out[4];
-    for (int64_t j = begin; j < end; ++j) {
-      const uint8_t* row = wp + j * row_bytes;
-      for (int64_t r0 = 0; r0 < m; r0 += 4) {
-        const int rows = static_cast<int>(std::min<int64_t>(4, m - r0));
-        kernels.rows[rows](row, xq.data() + r0 * nb, nb, nb, out);
-        for (int r = 0; r < rows; ++r) {
-          if (bf16) {
-            yb[(r0 + r) * n + j] = c10::BFloat16(out[r]);
-          } else {
-            yf[(r0 + r) * n + j] = out[r];
+  // Rows of x in tiles of ~256 KiB of quantised blocks (a multiple of 4 rows), each tile
+  // against every weight row: a long prefill's activations then stay in L2 while a weight
+  // row streams past them, instead of coming from L3 once per weight row. Within a tile each
+  // output column is one thread's work. Neither split changes a value.
+  const int64_t tile = std::max<int64_t>(4, (TILE_BYTES / (nb * int64_t(sizeof(Q8Block)))) / 4 * 4);
+  for (int64_t t0 = 0; t0 < m; t0 += tile) {
+    const int64_t t1 = std::min(m, t0 + tile);
+    at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+      float out[4];
+      for (int64_t j = begin; j < end; ++j) {
+        const uint8_t* row = wp + j * row_bytes;
+        for (int64_t r0 = t0; r0 < t1; r0 += 4) {
+          const int rows = static_cast<int>(std::min<int64_t>(4, t1 - r0));
+          kernels.rows[rows](row, xq.data() + r0 * nb, nb, nb, out);
+          for (int r = 0; r < rows; ++r) {
+            if (bf16) {
+              yb[(r0 + r) * n + j] = c10::BFloat16(out[r]);
+            } else {
+              yf[(r0 + r) * n + j] = out[r];
+            }
           }
         }
       }
-    }
-  });
+    });
+  }
   return y;
 }
 
