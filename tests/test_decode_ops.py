@@ -14,6 +14,8 @@ from tiny import tiny_pair
 
 from draftsman.kernels.native import kquant_available
 from draftsman.models.base import additive_mask, causal_mask, matmul_attention
+from draftsman.models.config import ModelConfig
+from draftsman.models.rope import RotaryTable, apply_rotary
 
 pytestmark = pytest.mark.skipif(not kquant_available(), reason="no C++ compiler here")
 ops = torch.ops.draftsman
@@ -110,6 +112,32 @@ def test_short_attention_groups_query_heads_onto_their_kv_head():
     p = torch.softmax(q @ k.transpose(-1, -2) * 0.3, dim=-1)
     want = (p @ v).transpose(1, 2).reshape(1, 1, -1)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype):
+    nq, nkv, d, start, t = 4, 2, 16, 5, 3
+    config = ModelConfig.from_dict(dict(
+        model_type="llama", vocab_size=10, hidden_size=nq * d, intermediate_size=8,
+        num_hidden_layers=1, num_attention_heads=nq, num_key_value_heads=nkv,
+        max_position_embeddings=64, rope_theta=10000.0))
+    cos, sin = RotaryTable(config, 64, dtype).lookup(torch.arange(start, start + t)[None])
+    g = torch.Generator().manual_seed(3)
+    qkv = (torch.randn(1, t, (nq + 2 * nkv) * d, generator=g) * 2).to(dtype)
+    k_cache = torch.randn(1, nkv, 12, d, generator=g).to(dtype)
+    v_cache = torch.randn(1, nkv, 12, d, generator=g).to(dtype)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    bias = additive_mask(causal_mask(start, t, qkv.device))
+    got = ops.rope_attention(qkv, cos, sin, k_cache, v_cache, start, bias, d ** -0.5, nq, nkv)
+    # the same steps apart: apply_rotary, a cache write, short_attention
+    qk = apply_rotary(qkv[..., : (nq + nkv) * d].view(1, t, nq + nkv, d), cos, sin)
+    q, k = qk.split((nq, nkv), dim=2)
+    want_k[:, :, start:start + t] = k.transpose(1, 2)
+    want_v[:, :, start:start + t] = qkv[..., (nq + nkv) * d:].view(1, t, nkv, d).transpose(1, 2)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    want = ops.short_attention(q.transpose(1, 2), want_k[:, :, :start + t],
+                               want_v[:, :, :start + t], bias, d ** -0.5)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])

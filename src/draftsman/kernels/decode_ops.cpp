@@ -6,6 +6,7 @@
 //   rms_norm        y = w * bf16(x * rsqrt(mean(x^2) + eps))   (the reference's roundings)
 //   silu_mul        y = silu(gate) * up over the halves of a fused gate/up row
 //   short_attention softmax(q k^T * scale + bias) v for a few new rows against the cache
+//   rope_attention  RoPE on q and k, k and v stored in the cache, then short_attention
 //
 // Invariant (batch invariance): every output row depends on its own input row (and, for
 // attention, its own query row, the cache and its bias row) only, computed in the same order
@@ -383,16 +384,105 @@ at::Tensor short_attention(const at::Tensor& q, const at::Tensor& keys, const at
   return out;
 }
 
+// ---- rope_attention: rotate, store in the cache, attend ----
+
+// x rotated by its position's angle as `apply_rotary` (models/rope.py) rounds it: each
+// product in the activation dtype, then their sum; sin has its first half negated, so
+// out = x * cos + (x2, x1) * sin over the half-split pairs (i, i + D/2).
+template <typename T>
+void rotate(const T* x, const T* cos, const T* sin, int64_t d, T* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < d; ++i) {
+    const float swapped = to_float(x[i < half ? i + half : i - half]);
+    const float a = round_to<T>(to_float(x[i]) * to_float(cos[i]));
+    const float b = round_to<T>(swapped * to_float(sin[i]));
+    out[i] = T(a + b);
+  }
+}
+
+template <typename T>
+at::Tensor rope_attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                               at::Tensor& k_cache, at::Tensor& v_cache, int64_t start,
+                               const c10::optional<at::Tensor>& bias, double scale,
+                               int64_t nq, int64_t nkv) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), d = k_cache.size(3);
+  const int64_t width = (nq + 2 * nkv) * d;
+  at::Tensor q = at::empty({b, nq, t, d}, qkv.options());
+  const T* src = qkv.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  T* qp = q.data_ptr<T>();
+  T* kc = k_cache.data_ptr<T>();
+  T* vc = v_cache.data_ptr<T>();
+  // q and k heads rotated (q into a fresh [B, Hq, T, D], k into its cache slot), v copied
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t ti = 0; ti < t; ++ti) {
+      const T* row = src + (bi * t + ti) * width;
+      const T* c = cp + (bi * t + ti) * d;
+      const T* sn = sp + (bi * t + ti) * d;
+      for (int64_t h = 0; h < nq; ++h) rotate(row + h * d, c, sn, d, qp + ((bi * nq + h) * t + ti) * d);
+      for (int64_t h = 0; h < nkv; ++h) {
+        const int64_t slot = bi * k_cache.stride(0) + h * k_cache.stride(1) + (start + ti) * k_cache.stride(2);
+        rotate(row + (nq + h) * d, c, sn, d, kc + slot);
+        std::memcpy(vc + bi * v_cache.stride(0) + h * v_cache.stride(1) + (start + ti) * v_cache.stride(2),
+                    row + (nq + nkv + h) * d, sizeof(T) * d);
+      }
+    }
+  }
+  const at::Tensor keys = k_cache.narrow(2, 0, start + t);
+  const at::Tensor values = v_cache.narrow(2, 0, start + t);
+  at::Tensor out = at::empty({b, t, nq * d}, qkv.options());
+  attend<T>(q, keys, values, bias, static_cast<float>(scale), out);
+  return out;
+}
+
+at::Tensor rope_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                          at::Tensor k_cache, at::Tensor v_cache, int64_t start,
+                          const c10::optional<at::Tensor>& bias, double scale, int64_t n_heads,
+                          int64_t n_kv) {
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "rope_attention: caches must be [B, Hkv, S, D] with D contiguous");
+  const int64_t d = k_cache.size(3);
+  TORCH_CHECK(qkv.dim() == 3 && qkv.is_contiguous() && qkv.size(0) == k_cache.size(0) &&
+                  qkv.size(2) == (n_heads + 2 * n_kv) * d && k_cache.size(1) == n_kv &&
+                  n_heads % n_kv == 0 && d % 2 == 0,
+              "rope_attention: qkv must be a contiguous [B, T, (Hq + 2 Hkv) D]");
+  const int64_t b = qkv.size(0), t = qkv.size(1);
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == b * t * d &&
+                  sin.numel() == b * t * d,
+              "rope_attention: cos/sin must be contiguous [B, T, (1,) D]");
+  TORCH_CHECK(start >= 0 && start + t <= k_cache.size(2), "rope_attention: slots out of range");
+  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && cos.scalar_type() == qkv.scalar_type() &&
+                  sin.scalar_type() == qkv.scalar_type() && v_cache.scalar_type() == qkv.scalar_type(),
+              "rope_attention: one dtype for qkv, cos/sin and the caches");
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 4 && bias->size(2) == t &&
+                    bias->size(3) == start + t && bias->stride(3) == 1,
+                "rope_attention: bias must be float32 [B or 1, 1, T, start + T]");
+  }
+  if (qkv.scalar_type() == at::kBFloat16) {
+    return rope_attention_impl<c10::BFloat16>(qkv, cos, sin, k_cache, v_cache, start, bias, scale,
+                                              n_heads, n_kv);
+  }
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat, "rope_attention: float32 or bfloat16 only");
+  return rope_attention_impl<float>(qkv, cos, sin, k_cache, v_cache, start, bias, scale, n_heads,
+                                    n_kv);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("short_attention(Tensor q, Tensor keys, Tensor values, Tensor? bias, float scale) -> Tensor");
+  m.def("rope_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "int start, Tensor? bias, float scale, int n_heads, int n_kv) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("short_attention", &short_attention);
+  m.impl("rope_attention", &rope_attention);
 }

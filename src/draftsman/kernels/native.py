@@ -62,8 +62,11 @@ def compile_command(out: Path) -> list[str]:
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++ or c++) on PATH")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    # -ffp-contract=off: the fused ops reproduce PyTorch's separate roundings (a * b + c * d
+    # as two products and a sum), which contracting into an fma would change
     return [
-        compiler, "-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *simd_flags(),
+        compiler, "-O3", "-std=c++20", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp",
+        *simd_flags(),
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w",
         *(f"-I{p}" for p in cpp_extension.include_paths()),
         *(str(src) for src in SOURCES), "-o", str(out),
@@ -104,6 +107,7 @@ def _load() -> bool:
     torch.library.register_fake("draftsman::silu_mul")(
         lambda gu: gu.new_empty((gu.shape[0], gu.shape[1] // 2)))
     torch.library.register_fake("draftsman::short_attention")(_short_attention_fake)
+    torch.library.register_fake("draftsman::rope_attention")(_rope_attention_fake)
     return True
 
 
@@ -116,6 +120,14 @@ def _short_attention_fake(q: torch.Tensor, keys: torch.Tensor, values: torch.Ten
                           bias: torch.Tensor | None, scale: float) -> torch.Tensor:
     b, h, t, d = q.shape
     return q.new_empty((b, t, h * d))
+
+
+def _rope_attention_fake(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
+                         bias: torch.Tensor | None, scale: float, n_heads: int,
+                         n_kv: int) -> torch.Tensor:
+    b, t, _ = qkv.shape
+    return qkv.new_empty((b, t, n_heads * k_cache.shape[-1]))
 
 
 def kquant_available() -> bool:

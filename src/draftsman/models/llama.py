@@ -11,7 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsman.models.base import DecoderLM, Linear, cached_attention
+from draftsman.models.base import (
+    DecoderLM,
+    Linear,
+    additive_mask,
+    cached_attention,
+    uses_matmul_attention,
+)
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.rope import RotaryTable, apply_rotary
@@ -57,6 +63,13 @@ class Attention(nn.Module):
         nq, nkv, d = self.n_heads, self.n_kv, self.head_dim
         qkv = self.qkv_proj(x)
         cos, sin = rope
+        if (self.fused_cpu_ops and self.q_norm is None and cos.shape[0] == b
+                and uses_matmul_attention(t, x.device)):  # one call: RoPE, cache write, attention
+            if mask is not None and mask.dtype == torch.bool:
+                mask = additive_mask(mask)
+            attn = cache.write_rotated_and_attend(layer, start, qkv.contiguous(), cos, sin,
+                                                  mask, nq, nkv)
+            return self.o_proj(attn)
         if self.q_norm is None:  # q and k heads side by side: one rotation for both
             qk = apply_rotary(qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), cos, sin)
             q, k = qk.split((nq, nkv), dim=2)
