@@ -152,3 +152,24 @@ def test_a_model_on_fused_ops_matches_the_pytorch_path(family):
     model(tokens[:, :5], positions[:, :5], prefix)  # then 3 rows on the short attention
     got = model(tokens[:, 5:], positions[:, 5:], prefix).logits
     torch.testing.assert_close(got, want[:, 5:], rtol=1e-4, atol=1e-4)
+
+
+def _forward_in_child(model, tokens, queue) -> None:
+    logits = model(tokens, torch.arange(tokens.shape[1])[None], model.new_cache(16)).logits
+    queue.put(logits.tolist())  # plain floats: a tensor would live in the child's memory
+
+
+def test_a_fused_model_runs_in_a_spawned_process():
+    # the pipelined workers receive the model pickled into a fresh interpreter, where the
+    # operators exist only once the kernels are loaded there
+    _, model = tiny_pair("llama")
+    model.use_fused_cpu_ops()
+    tokens = torch.tensor([[5, 9, 2, 44]])
+    want = model(tokens, torch.arange(4)[None], model.new_cache(16)).logits
+    ctx = torch.multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_forward_in_child, args=(model, tokens, queue))
+    child.start()
+    got = queue.get(timeout=120)
+    child.join(timeout=30)
+    assert torch.equal(torch.tensor(got), want)

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsman.errors import UnsupportedError
+from draftsman.kernels.native import kquant_available, unavailable_reason
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.protocol import Capabilities
@@ -207,6 +209,12 @@ class DecoderLM(nn.Module):
         return Capabilities(backend="torch", layer_ranges=True, input_embeddings=True,
                             hidden_states=True, exact_tree_keep=True, max_tree_rows=None,
                             device=self.device.type, numerics=None)
+
+    def __setstate__(self, state: dict) -> None:
+        # unpickled in another process (the pipelined workers): load the fused ops there too
+        super().__setstate__(state)
+        if self.fused_cpu_ops and not kquant_available():
+            raise UnsupportedError(f"the fused CPU ops do not load here: {unavailable_reason()}")
 
     def use_fused_cpu_ops(self, on: bool = True) -> None:
         """Run the small ops of a step (RMSNorm, SwiGLU's silu * up, attention over up to
