@@ -59,6 +59,19 @@ def test_greedy_identical_to_autoregressive(shape, family, epts):
     assert out == ref
 
 
+@pytest.mark.parametrize("size", [1, 2, 4, 8])
+def test_decode_steps_keep_the_tree_size_budget(size):
+    # a step without guesses (its accepted node carried no prompt rows) must run state 0's
+    # tree, not the prefill's root with all m prompt tokens: that would cost more rows than
+    # the hardware-aware size allowed for
+    _, model = tiny_pair("llama")
+    prompts = PromptTokens.from_vocabulary(model, 3, 2, seed=1)
+    trees = make_trees("dynamic", PRIOR_ACCURACY, 3, size, epts=2).states
+    steps = list(ParallelPrompt(TreeDecoder(model, prompts, trees)).generate(
+        PROMPT, GenerationConfig(24, SamplingConfig())))
+    assert max(s.extra["rows"] for s in steps[1:]) <= size
+
+
 def test_deep_acceptance_with_oracle_guesses():
     """Guesses that contain the true continuation at various ranks are accepted, the cache
     stays consistent, and the output is still identical."""

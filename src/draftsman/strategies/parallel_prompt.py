@@ -80,7 +80,10 @@ class ParallelPrompt(Strategy):
         yield Step(tokens, ["target"], target_forwards=1, prefill=True,
                    verify_seconds=timer.take()["verify"], finish=budget.finish,
                    extra={**extra, "state": res.state, "rows": res.rows})
-        root, guesses = res.next_token, res.guesses
+        # No guesses after a step (its accepted node carried no prompt rows): state 0's tree,
+        # which keeps the size budget, not the prefill's root with all m prompt tokens
+        none = torch.empty((0, dec.topk), dtype=torch.long, device=model.device)
+        root, guesses = res.next_token, res.guesses if res.guesses is not None else none
         while not budget.done:
             with timer("verify"):
                 res = dec.step(state.cache, [root], guesses, sampler, self.typical)
@@ -98,7 +101,7 @@ class ParallelPrompt(Strategy):
                 finish=budget.finish,
                 extra={**extra, "state": res.state, "rows": res.rows},
             )
-            root, guesses = res.next_token, res.guesses
+            root, guesses = res.next_token, res.guesses if res.guesses is not None else none
 
 
 # ----------------------------------------------------------------------------- building
