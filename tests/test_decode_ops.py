@@ -154,6 +154,21 @@ def test_a_model_on_fused_ops_matches_the_pytorch_path(family):
     torch.testing.assert_close(got, want[:, 5:], rtol=1e-4, atol=1e-4)
 
 
+def test_static_steps_on_fused_ops_match_the_dynamic_forward():
+    # --static feeds the layers a SlotWriter and a boolean mask over the whole buffer
+    from draftsman.models.static_step import StaticConfig, StaticModel
+
+    _, model = tiny_pair("llama")
+    model.use_fused_cpu_ops()
+    static = StaticModel(model, StaticConfig())
+    dyn, sta = model.new_cache(64), static.new_cache(64)
+    for start, tokens in ((0, [5, 9, 2, 44, 17]), (5, [3]), (6, [60, 8, 1])):
+        ids, pos = torch.tensor([tokens]), torch.arange(start, start + len(tokens))[None]
+        want = model(ids, pos, dyn).logits
+        got = static(ids, pos, sta).logits
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def _forward_in_child(model, tokens, queue) -> None:
     logits = model(tokens, torch.arange(tokens.shape[1])[None], model.new_cache(16)).logits
     queue.put(logits.tolist())  # plain floats: a tensor would live in the child's memory

@@ -221,8 +221,10 @@ class DecoderLM(nn.Module):
         MATMUL_ATTENTION_ROWS new rows) as one call each to draftsman's own CPU kernels
         (kernels/decode_ops.cpp) instead of several PyTorch operators. They are batch
         invariant like the PyTorch path but round attention differently, so a model keeps
-        one choice for its whole life; `quantize_model` takes them where they build. Caller
-        checks `draftsman.kernels.native.kquant_available()` first."""
+        one choice for its whole life; `quantize_model` takes them where they build.
+        UnsupportedError where the kernels do not build."""
+        if on and not kquant_available():
+            raise UnsupportedError(f"the fused CPU ops do not load here: {unavailable_reason()}")
         for module in self.modules():
             if hasattr(module, "fused_cpu_ops"):
                 module.fused_cpu_ops = on

@@ -11,13 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsman.models.base import (
-    DecoderLM,
-    Linear,
-    additive_mask,
-    cached_attention,
-    uses_matmul_attention,
-)
+from draftsman.models.base import DecoderLM, Linear, cached_attention, uses_matmul_attention
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.rope import RotaryTable, apply_rotary
@@ -63,10 +57,10 @@ class Attention(nn.Module):
         nq, nkv, d = self.n_heads, self.n_kv, self.head_dim
         qkv = self.qkv_proj(x)
         cos, sin = rope
+        # one call for RoPE, the cache write and attention, on a KVCache's contiguous slots
+        # (a static step's SlotWriter takes the path below); the mask is additive there
         if (self.fused_cpu_ops and self.q_norm is None and cos.shape[0] == b
-                and uses_matmul_attention(t, x.device)):  # one call: RoPE, cache write, attention
-            if mask is not None and mask.dtype == torch.bool:
-                mask = additive_mask(mask)
+                and isinstance(cache, KVCache) and uses_matmul_attention(t, x.device)):
             attn = cache.write_rotated_and_attend(layer, start, qkv.contiguous(), cos, sin,
                                                   mask, nq, nkv)
             return self.o_proj(attn)
