@@ -20,7 +20,7 @@ from tiny import hf_model
 from draftsman.errors import DraftsmanError, UnsupportedError
 from draftsman.models import quant_linear
 from draftsman.models.config import ModelConfig
-from draftsman.models.loader import build_model, parse_dtype
+from draftsman.models.loader import build_model
 from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.models.quant_linear import (
     Int4Matrix,
@@ -30,6 +30,7 @@ from draftsman.models.quant_linear import (
     dequantize_rows,
     quantize_model,
 )
+from draftsman.models.weight_formats import parse_dtype
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer

@@ -30,8 +30,9 @@ from draftsman.device import resolve_device
 from draftsman.errors import DraftsmanError, InvalidArgumentError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
-from draftsman.models.loader import QUANT_ALIASES, load_model, parse_dtype
+from draftsman.models.loader import load_model
 from draftsman.models.static_step import StaticModel
+from draftsman.models.weight_formats import gguf_source, is_quantised, parse_dtype
 from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.base import check_fits
@@ -82,7 +83,7 @@ def pick_device(device: str | torch.device | None, backend: str = "torch",
     if backend == "llama.cpp":
         return resolve_device(device, cpu_only="--backend llama.cpp runs on the CPU; "
                                                "use --backend torch")
-    if str(dtype) in QUANT_ALIASES:
+    if is_quantised(dtype):
         return resolve_device(device, cpu_only=f"--dtype {dtype} runs on the CPU only")
     return resolve_device(device)
 
@@ -174,24 +175,11 @@ def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
         gguf = resolve_gguf(str(spec))
         model = LlamaCppLM(gguf, ModelConfig.from_folder(folder), numerics=numerics)
     else:
-        model = load_model(folder, dtype, gguf=_quant_source(str(spec), dtype), device=placed)
+        model = load_model(folder, dtype, gguf=gguf_source(str(spec), dtype), device=placed)
         if static:
             model = StaticModel(model)
     tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
     return LoadedModel(str(spec), Path(folder), model, tokenizer)
-
-
-def _quant_source(spec: str, dtype: str | torch.dtype) -> Path | None:
-    """The GGUF whose blocks a q4/q8 load packs: a catalogue model's or the .gguf given."""
-    from draftsman.models.quant_linear import QUANT_KINDS
-    from draftsman.store.catalogue import CATALOGUE
-    from draftsman.store.resolve import resolve_gguf
-
-    if parse_dtype(dtype) not in QUANT_KINDS:
-        return None
-    if spec.strip() in CATALOGUE or spec.strip().lower().endswith(".gguf"):
-        return resolve_gguf(spec)
-    return None
 
 
 @dataclass

@@ -29,6 +29,7 @@ from draftsman.cli.common import add_device_arg, add_group, csv_items, positive_
 from draftsman.engine import DEFAULT_TARGET, load, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.exit_heads import layer_from_fraction
+from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.strategies.pipelined import close_pools
 from draftsman.theory import pipelined as pt
 
@@ -100,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "this CPU's forward latency profile (8b/c). Writes tables, JSON, PNGs "
                     "and report.html.")
     r.add_argument("--target", default=DEFAULT_TARGET)
-    r.add_argument("--dtype", default="int8", choices=["bf16", "fp32", "q4", "q8", "int8"],
+    r.add_argument("--dtype", default="int8", choices=DTYPE_CHOICES,
                    help="int8 (default): this CPU's cheapest multi-row forward")
     r.add_argument("--datasets", default="humaneval,mt-bench")
     r.add_argument("--limit", type=int, default=4, help="prompts per dataset")

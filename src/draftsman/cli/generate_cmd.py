@@ -14,6 +14,7 @@ from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
 from draftsman.kernels.native import kquant_available, unavailable_reason
+from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import registry
 from draftsman.strategies.default_method import DEFAULT, DEFAULT_METHOD, TORCH_DEFAULT_METHOD
@@ -25,7 +26,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="catalogue name, model folder, .gguf file or hf:owner/name "
                              f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "q4", "q8", "int8"],
+    parser.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES,
                         help="weights: bf16 (default), fp32, or q4 / q8 weight-only on packed "
                              "CPU kernels fed the GGUF's own blocks (bf16 activations; "
                              "int8 = q8); fp32, q4 or q8 also make --backend auto choose torch")

@@ -19,6 +19,7 @@ from draftsman.cli.generate_cmd import add_numerics_arg
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.prompt_tokens import PromptTokens
+from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.profiling import measure_latency, model_kind, profile_path, save_profile
 from draftsman.trees.sparse import predicted_speedups
 
@@ -35,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Time one target forward over n new tokens after a fixed context, for "
                     "each n, and save the curve for parallel-prompt's tree-size choice.")
     p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "q4", "q8"])
+    p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (default: all cores); profiles are per thread count")
     p.add_argument("--backend", default="torch", choices=["torch", "llama.cpp"],

@@ -15,27 +15,8 @@ from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.gpt2 import GPT2Model
 from draftsman.models.llama import LlamaModel
-from draftsman.models.quant_linear import QUANT_KINDS, hf_weight_names, quantize_model
-
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
-          "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-
-
-# Weight-only packed kernels with bf16 activations (models/quant_linear.py); "int8" is the
-# older name of q8, kept so recorded commands still run.
-QUANT_ALIASES = {"q4": "q4", "q8": "q8", "int8": "q8"}
-
-
-def parse_dtype(name: str | torch.dtype) -> torch.dtype | str:
-    """A torch dtype, or "q4" / "q8" for the packed weight-only kernels."""
-    if isinstance(name, torch.dtype):
-        return name
-    if name in QUANT_ALIASES:
-        return QUANT_ALIASES[name]
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise DraftsmanError(f"unknown dtype {name!r}; choose bf16, fp32, q4 or q8") from None
+from draftsman.models.quant_linear import hf_weight_names, quantize_model
+from draftsman.models.weight_formats import FORMATS, QUANT_KINDS, parse_dtype
 
 
 def model_class(config: ModelConfig) -> type[DecoderLM]:
@@ -124,12 +105,12 @@ def load_model(
         from draftsman.store.gguf_blocks import read_gguf_blocks
 
         blocks = None if gguf is None else read_gguf_blocks(gguf)
-        if dtype == "q4" and blocks is None:
+        if FORMATS[dtype].needs_gguf and blocks is None:
             raise DraftsmanError(
-                f"--dtype q4 runs a GGUF's own 4-bit blocks and {folder} comes with none: "
+                f"--dtype {dtype} runs a GGUF's own blocks and {folder} comes with none: "
                 "pass a catalogue name or a .gguf file")
         if device is not None and device.type != "cpu":
-            # packed int4/int8 matmuls are PyTorch's CPU kernels
+            # every quantised format's kernels are CPU kernels
             raise UnsupportedError(f"--dtype {dtype} runs on the CPU only, not on {device}")
         if blocks is None:  # q8 of the folder's own weights
             model = build_model(config, read_safetensors(folder), torch.bfloat16, max_positions)

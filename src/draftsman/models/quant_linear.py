@@ -43,9 +43,9 @@ from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedEr
 from draftsman.kernels.native import kquant_available, unavailable_reason
 from draftsman.models.base import DecoderLM
 from draftsman.models.llama import FUSED_LINEARS
+from draftsman.models.weight_formats import QUANT_KINDS, activation_bits, int8_kernel
 from draftsman.store.gguf_blocks import BlockTensor
 
-QUANT_KINDS = ("q4", "q8")
 GROUP = 32  # int4 group size: one Q4_0/Q4_1 block, one Q4_K sub-block
 _ROW_MULTIPLE = 16  # the int4 packer wants a multiple of 16 output rows
 _Q4_0, _Q4_1, _Q4_K, _Q6_K = 2, 3, 12, 14  # GGML type numbers (gguf.GGMLQuantizationType)
@@ -166,19 +166,79 @@ class Int4Matrix(nn.Module):
         return y if y.shape[-1] == self.out_features else y[:, : self.out_features]
 
 
+def int8_rows(w: torch.Tensor, dtype: torch.dtype = torch.float32
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output row: (q [N, K] int8 in -127..127, scale [N] in `dtype`)
+    with w ~= q * scale[:, None] within half a step (q is rounded against the scale as
+    stored). -128 is never used, so every int8 kernel's sign tricks hold."""
+    scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(dtype)
+    q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
 class Int8Matrix(nn.Module):
-    """Symmetric int8 rows, one scale each, for `_weight_int8pack_mm`."""
+    """Symmetric int8 rows, one scale each, for `_weight_int8pack_mm` (float activations)."""
 
     def __init__(self, w: torch.Tensor, dtype: torch.dtype) -> None:
         super().__init__()
-        scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(dtype)
-        q = torch.round(w / scale.float()[:, None]).clamp(-128, 127).to(torch.int8)
+        q, scale = int8_rows(w, dtype)
         self.register_buffer("weight_int8", q)
         self.register_buffer("scale", scale)
         self.out_features = w.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
+
+
+class OneDnnInt8Matrix(nn.Module):
+    """int8 rows (one scale each) times activations quantised to int8 per row, on oneDNN's
+    int8 GEMM (`onednn::qlinear_pointwise`, VNNI or AMX where the CPU has them).
+
+    y[m, n] = (sum_k xq[m, k] * wq[n, k]) * w_scale[n] * x_scale[m], xq = round(x / x_scale)
+    with x_scale[m] = max_k |x[m, k]| / (2^(bits-1) - 1) (see weight_formats.activation_bits).
+    The int32 sum is exact and x_scale depends on row m alone, so a row's output is the same
+    alone or in any batch: oneDNN is handed scale 1.0 and a fixed zero point, and each row is
+    scaled after the GEMM (one scale per tensor over the batch would break this).
+    """
+
+    def __init__(self, w: torch.Tensor, dtype: torch.dtype, bits: int | None = None) -> None:
+        super().__init__()
+        q, scale = int8_rows(w)
+        self.bits = activation_bits() if bits is None else bits
+        self.register_buffer("scale", scale)
+        self.packed = torch.ops.onednn.qlinear_prepack(q, [1, q.shape[1]])  # opaque, [K, N]
+        self.register_buffer("no_zero", torch.zeros(q.shape[0], dtype=torch.int64))
+        self.out_features = w.shape[0]
+
+    def __getstate__(self) -> dict:
+        # the prepacked tensor is opaque to pickle (pipelined workers): send int8 rows
+        state = self.__dict__.copy()
+        state["packed"] = self.packed.to_dense().T.contiguous()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["packed"] = torch.ops.onednn.qlinear_prepack(state["packed"],
+                                                           [1, state["packed"].shape[1]])
+        super().__setstate__(state)
+
+    @property
+    def weight_int8(self) -> torch.Tensor:
+        return self.packed.to_dense().T
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top = 2 ** (self.bits - 1) - 1
+        xf = x.float()
+        x_scale = xf.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / top
+        xq = torch.round(xf / x_scale).add_(top + 1).to(torch.uint8)  # 1 .. 2 top + 1
+        y = torch.ops.onednn.qlinear_pointwise(
+            xq, 1.0, top + 1, self.packed, self.scale, self.no_zero, None, 1.0, 0,
+            torch.float32, "none", [], "")
+        return y.mul_(x_scale).to(x.dtype)
+
+
+def int8_matrix(w: torch.Tensor, dtype: torch.dtype) -> nn.Module:
+    """The int8 matrix for this CPU (weight_formats.int8_kernel)."""
+    return OneDnnInt8Matrix(w, dtype) if int8_kernel() == "onednn" else Int8Matrix(w, dtype)
 
 
 class QuantLinear(nn.Module):
@@ -250,7 +310,7 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
                 *((r.q, r.scale, r.zero) for r in int4), strict=True))), dtype))
             int4.clear()
         if int8:
-            parts.append(Int8Matrix(torch.cat(int8), dtype))
+            parts.append(int8_matrix(torch.cat(int8), dtype))
             int8.clear()
 
     for _, src in sources:
