@@ -201,12 +201,12 @@ SAMPLINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=3, top_p=0.9)]
 
 
 @pytest.mark.parametrize("sampling_kwargs", SAMPLINGS)
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
-def test_sampling_distribution_is_the_targets(small_vocab, sampling_kwargs, drafter):
-    target, draft = small_vocab
+def test_ngram_sampling_distribution_is_the_targets(small_vocab, sampling_kwargs):
+    """Deterministic guesses; draft-model chains, trees and cascades are proven with
+    coverage and mutations in test_conformance.py."""
+    target, _ = small_vocab
     prompt = [1, 3, 2, 1, 3]
-    proposer = DraftModelProposer(draft) if drafter == "model" else NGramProposer(order=2)
-    spec = Speculative(target, proposer, make_policy(3, None))
+    spec = Speculative(target, NGramProposer(order=2), make_policy(3, None))
     expected = exact_joint(target, prompt, 3, SamplingConfig(**sampling_kwargs))
     counts = sampled_counts(spec, prompt, 3, sampling_kwargs)
     assert chi_square_pvalue(counts, expected, DRAWS) > 1e-3

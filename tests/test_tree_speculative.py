@@ -15,7 +15,6 @@ import pytest
 import torch
 from test_speculative import (
     DRAWS,
-    SAMPLINGS,
     VOCAB,
     chi_square_pvalue,
     exact_joint,
@@ -144,17 +143,6 @@ def test_eos_and_length_inside_a_tree_path(models):
     for n in (1, 2, 7):
         got, steps = run(make_tree_spec(models, "ngram", 5, 2), prompt, max_new=n)
         assert got == want[:n] and steps[-1].finish == "length"
-
-
-@pytest.mark.parametrize("sampling_kwargs", SAMPLINGS)
-def test_sampling_distribution_is_the_targets(small_vocab, sampling_kwargs):
-    target = small_vocab
-    prompt = [1, 3, 2, 1, 3]
-    spec = TreeSpeculative(target, NGramProposer(order=2), make_policy(2, None),
-                           BranchPlanner(3))
-    expected = exact_joint(target, prompt, 3, SamplingConfig(**sampling_kwargs))
-    counts = sampled_counts(spec, prompt, 3, sampling_kwargs)
-    assert chi_square_pvalue(counts, expected, DRAWS) > 1e-3
 
 
 def test_broken_tree_rule_is_detected(small_vocab, monkeypatch):

@@ -120,7 +120,7 @@ class TreeSpeculative(Strategy):
                 finish=budget.finish,
                 extra={"gamma": gamma, **(branches[0].extra if branches else {}),
                        "branches": len(branches), "tree_nodes": tree.nodes,
-                       "branch": branch},
+                       "branch": branch, "siblings_tried": verdict.siblings_tried},
             )
 
     def _branches(self, committed: list[int], gamma: int, asked: int,

@@ -18,6 +18,7 @@ class TreeVerdict:
     path: list[int]  # accepted nodes, root (node 0) first
     next_token: int  # recovered token (after rejections) or bonus token (at a leaf)
     rejected: bool  # True when the last accepted node had guesses and all were refused
+    siblings_tried: int = 0  # guesses tried after a refused sibling at the same node
 
 
 def verify_tree_greedy(tokens: list[int], children: list[list[int]],
@@ -45,10 +46,12 @@ def verify_tree_sampling(tokens: list[int], children: list[list[int]], p: torch.
     share of it.
     """
     path = [0]
+    siblings = 0
     while True:
         node = path[-1]
         residual = p[node].clone()
-        for child in children[node]:
+        for i, child in enumerate(children[node]):
+            siblings += i > 0
             mass = float(residual.sum())
             if float(sampler.uniform(1)[0]) * mass < float(residual[tokens[child]]):
                 path.append(child)
@@ -57,7 +60,7 @@ def verify_tree_sampling(tokens: list[int], children: list[list[int]], p: torch.
         else:
             total = residual.sum()
             dist = residual / total if total > 0 else p[node]
-            return TreeVerdict(path, sampler.draw(dist), bool(children[node]))
+            return TreeVerdict(path, sampler.draw(dist), bool(children[node]), siblings)
 
 
 def accept_greedy(lay: TreeLayout, tokens: torch.Tensor, argmax: torch.Tensor) -> int:

@@ -1,0 +1,276 @@
+"""The conformance suite: every exact method distribution-exact under sampling, with the
+paths it exists for measured, and a deliberately broken rule beside each that must fail.
+
+Tiny Llamas over a 4-token vocabulary (every 5-token window is one of 1024 cells), a
+target with a spread-out distribution and a draft that is neither one-hot nor the target.
+Expected distributions come from draftsman.testing's float64 reference sampler, itself
+checked against transformers' warpers; the top-p boundary convention is pinned with exact
+binary masses. Correct rules must pass (p > 0.01 over the window's tests); every mutation
+must be rejected at p < 1e-6.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from test_speculative import perturbed_copy
+from tiny import hf_model, ours_from_hf
+
+from draftsman import sampling as sampling_module
+from draftsman.proposers import staged as staged_module
+from draftsman.proposers.draft_model import DraftModelProposer
+from draftsman.proposers.ngram import NGramProposer
+from draftsman.proposers.staged import StagedProposer
+from draftsman.sampling import SamplingConfig, probabilities
+from draftsman.strategies import speculative as speculative_module
+from draftsman.strategies import tree_speculative as tree_module
+from draftsman.strategies.branches import BranchPlanner
+from draftsman.strategies.gamma import make_policy
+from draftsman.strategies.speculative import Speculative
+from draftsman.strategies.tree_speculative import TreeSpeculative
+from draftsman.testing import check_exact, reference_probabilities, target_joint
+from draftsman.verification import chain
+from draftsman.verification.tree import TreeVerdict
+
+VOCAB = 4
+WINDOW = 5  # prefill token + up to 3 guesses + bonus in the first step
+# `make test-exact` raises it for releases (DRAFTSMAN_EXACT_DRAWS=20000)
+DRAWS = int(os.environ.get("DRAFTSMAN_EXACT_DRAWS", "2000"))
+CHAIN_PROMPT = [1, 3, 2, 1, 3, 0]
+# order-2 contexts "0 1" followed by 2, 3 and 0: the n-gram drafter offers three branches
+TREE_PROMPT = [0, 1, 2, 0, 1, 3, 0, 1, 0, 2, 0, 1]
+T1 = SamplingConfig(temperature=1.0)
+CUT = SamplingConfig(temperature=0.8, top_k=3, top_p=0.9)
+CHAIN_NEEDS = ["accepted at 1", "accepted at 2", "accepted at 3", "rejected at 1",
+               "rejected at 2", "rejected at 3", "bonus"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = ours_from_hf(hf_model("llama", seed=11, vocab_size=VOCAB, num_hidden_layers=1))
+    with torch.no_grad():
+        target.lm_head.weight.mul_(12)  # spread out, not one-hot
+    draft = perturbed_copy(target, 0.6, 12)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.5)  # flatter than the target: rejections everywhere
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def joints(models):
+    target, _ = models
+    return {(tuple(prompt), s): target_joint(target, prompt, WINDOW, s)
+            for prompt in (CHAIN_PROMPT, TREE_PROMPT) for s in (T1, CUT)}
+
+
+def report(result, name):
+    print(f"\n{name}\n{result.table()}")
+    return result
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def test_reference_matches_transformers_warpers():
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        logits = torch.randn(1, 50, generator=g, dtype=torch.float64) * 3
+        temperature, top_k, top_p = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8),
+                                     (0.5, 10, 0.6)][trial % 4]
+        z = TemperatureLogitsWarper(temperature)(None, logits.clone())
+        if top_k:
+            z = TopKLogitsWarper(top_k)(None, z)
+        if top_p < 1:
+            z = TopPLogitsWarper(top_p)(None, z)
+        want = z.softmax(-1)[0].numpy()
+        got = reference_probabilities(logits[0].numpy(), temperature, top_k, top_p)
+        np.testing.assert_allclose(got, want, atol=1e-12)
+        ours = probabilities(logits[0].float(), SamplingConfig(temperature, top_k, top_p))
+        np.testing.assert_allclose(ours.double().numpy(), want, atol=1e-5)
+
+
+# exact binary masses 1/2, 1/4, 1/8, 1/8: a head of mass exactly top_p = 3/4 is the kept set
+BOUNDARY = torch.log(torch.tensor([0.125, 0.5, 0.125, 0.25], dtype=torch.float64))
+
+
+def flipped_top_p(logits, config):
+    """A mutation: top-p drops a token only when the mass before it exceeds top_p."""
+    logits = logits.float() / config.temperature
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(-1)
+    above = sorted_probs.cumsum(-1) - sorted_probs
+    drop_sorted = above > config.top_p
+    logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return logits.softmax(-1)
+
+
+@pytest.mark.parametrize("rule", ["ours", "flipped"])
+def test_top_p_boundary_convention(rule):
+    config = SamplingConfig(temperature=1.0, top_p=0.75)
+    want = reference_probabilities(BOUNDARY.numpy(), 1.0, 0, 0.75)
+    assert np.allclose(want, [0, 2 / 3, 0, 1 / 3])  # the 1/2 and 1/4 tokens, renormalised
+    fn = probabilities if rule == "ours" else flipped_top_p
+    got = fn(BOUNDARY.float(), config).double().numpy()
+    assert np.allclose(got, want, atol=1e-6) == (rule == "ours")
+
+
+# ----------------------------------------------------------------------------- chains
+
+
+def chain_strategy(models, gamma=3):
+    target, draft = models
+    return Speculative(target, DraftModelProposer(draft), make_policy(gamma, None))
+
+
+@pytest.mark.parametrize("sampling", [T1, CUT], ids=["t1", "top-k-top-p"])
+def test_speculative_draft_model_is_exact(models, joints, sampling):
+    result = report(check_exact(chain_strategy(models), CHAIN_PROMPT,
+                                joints[(tuple(CHAIN_PROMPT), sampling)], sampling, DRAWS,
+                                require=CHAIN_NEEDS), "speculative, draft model, γ = 3")
+    assert result.passed(), result.table()
+
+
+def test_draft_is_not_degenerate(models):
+    """The draft's top probability is well below 1 (the old suite's was 1.0 at the median)."""
+    _, draft = models
+    ctx = torch.tensor([CHAIN_PROMPT])
+    logits = draft(ctx, torch.arange(ctx.shape[1])[None], draft.new_cache(8)).logits[0]
+    top = probabilities(logits, T1).max(-1).values
+    assert float(top.median()) < 0.9
+
+
+def off_by_one_residual(drafts, q, p, sampler):
+    """A mutation: after a rejection at depth i the residual takes the target's distribution
+    of depth i + 1 (the per-token rule, otherwise as chain.verify_sampling)."""
+    if not drafts:
+        return chain.Verdict(0, sampler.draw(p[0]), False)
+    u = sampler.uniform(len(drafts))
+    for i, x in enumerate(drafts):
+        if float(u[i] * q[i, x]) >= float(p[i, x]):
+            # (the refused guess itself stays excluded, as in the correct rule)
+            residual = (p[i + 1] - q[i]).clamp_min(0).index_fill(0, torch.tensor(x), 0)
+            if residual.sum() <= 0:
+                residual = p[i + 1].index_fill(0, torch.tensor(x), 0)
+            return chain.Verdict(i, sampler.draw(residual / residual.sum()), True)
+    return chain.Verdict(len(drafts), sampler.draw(p[len(drafts)]), False)
+
+
+def bonus_from_draft(drafts, q, p, sampler):
+    """A mutation: when every guess is kept, the extra token is drawn from the draft."""
+    verdict = chain.verify_sampling(drafts, q, p, sampler)
+    if verdict.rejected or q is None or not drafts:
+        return verdict
+    return chain.Verdict(verdict.accepted, sampler.draw(q[-1]), False)
+
+
+@pytest.mark.parametrize("mutation", [off_by_one_residual, bonus_from_draft],
+                         ids=["off-by-one-residual", "bonus-from-draft"])
+def test_chain_mutations_are_rejected(models, joints, monkeypatch, mutation):
+    monkeypatch.setattr(speculative_module, "verify_sampling", mutation)
+    result = report(check_exact(chain_strategy(models), CHAIN_PROMPT,
+                                joints[(tuple(CHAIN_PROMPT), T1)], T1, DRAWS),
+                    f"mutation {mutation.__name__}")
+    assert result.p_min < 1e-6, result.table()
+
+
+# ----------------------------------------------------------------------------- trees
+
+
+def tree_strategy(models, branches=3):
+    target, _ = models
+    return TreeSpeculative(target, NGramProposer(order=2), make_policy(2, None),
+                           BranchPlanner(branches))
+
+
+@pytest.mark.parametrize("sampling", [T1, CUT], ids=["t1", "top-k-top-p"])
+def test_tree_with_three_branches_is_exact(models, joints, sampling):
+    result = report(check_exact(tree_strategy(models), TREE_PROMPT,
+                                joints[(tuple(TREE_PROMPT), sampling)], sampling, DRAWS,
+                                require=["branches >= 2", "branches >= 3",
+                                         "sibling after rejection", "accepted at 1",
+                                         "rejected at 1", "bonus"]),
+                    "tree speculation, 3 branches")
+    assert result.passed(), result.table()
+
+
+def sibling_not_cleared(tokens, children, p, sampler):
+    """A mutation: a refused guess leaves the residual unless it was the first child."""
+    path = [0]
+    while True:
+        node = path[-1]
+        residual = p[node].clone()
+        for i, child in enumerate(children[node]):
+            mass = float(residual.sum())
+            if float(sampler.uniform(1)[0]) * mass < float(residual[tokens[child]]):
+                path.append(child)
+                break
+            if i == 0:
+                residual[tokens[child]] = 0.0
+        else:
+            return TreeVerdict(path, sampler.draw(residual / residual.sum()),
+                               bool(children[node]))
+
+
+def test_tree_mutation_is_rejected(models, joints, monkeypatch):
+    monkeypatch.setattr(tree_module, "verify_tree_sampling", sibling_not_cleared)
+    result = report(check_exact(tree_strategy(models), TREE_PROMPT,
+                                joints[(tuple(TREE_PROMPT), T1)], T1, DRAWS),
+                    "mutation: sibling not cleared")
+    assert result.p_min < 1e-6, result.table()
+
+
+# ----------------------------------------------------------------------------- staged
+
+
+def staged_strategy(models):
+    target, draft = models
+    return Speculative(target, StagedProposer(draft, NGramProposer(order=2), sub_gamma=2),
+                       make_policy(3, None))
+
+
+def test_staged_cascade_is_exact(models, joints):
+    result = report(check_exact(staged_strategy(models), CHAIN_PROMPT,
+                                joints[(tuple(CHAIN_PROMPT), T1)], T1, DRAWS,
+                                require=["stage-1 accepted", "stage-1 rejected",
+                                         "accepted at 1", "accepted at 2", "rejected at 1",
+                                         "rejected at 2", "bonus"]),
+                    "staged: n-gram -> draft -> target")
+    assert result.passed(), result.table()
+
+
+def test_staged_mutation_is_rejected(models, joints, monkeypatch):
+    """A mutation: the target checks the staged guesses against the draft's distributions
+    one position late (stage 2 against the wrong q). (One-hot q would not be a bug: random
+    guesses checked as deterministic ones are still exact.)"""
+    original = StagedProposer.propose
+
+    def wrong_q(self, committed, gamma, sampler, stop_below=None):
+        proposal = original(self, committed, gamma, sampler, stop_below)
+        if proposal.q is not None and len(proposal.tokens) > 1:
+            proposal.q = torch.cat([proposal.q[:1], proposal.q[:-1]])
+        return proposal
+
+    monkeypatch.setattr(staged_module.StagedProposer, "propose", wrong_q)
+    result = report(check_exact(staged_strategy(models), CHAIN_PROMPT,
+                                joints[(tuple(CHAIN_PROMPT), T1)], T1, DRAWS),
+                    "mutation: stage 2 against the wrong distribution")
+    assert result.p_min < 1e-6, result.table()
+
+
+def test_harness_rejects_a_wrong_sampler(models, joints, monkeypatch):
+    """The harness itself has power: a target sampled at the wrong temperature fails."""
+    real = sampling_module.probabilities
+    monkeypatch.setattr(sampling_module, "probabilities",
+                        lambda logits, config: real(logits * 1.3, config))
+    result = check_exact(chain_strategy(models), CHAIN_PROMPT,
+                         joints[(tuple(CHAIN_PROMPT), T1)], T1, 1000)
+    assert result.p_min < 1e-6, result.table()
