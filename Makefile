@@ -2,12 +2,13 @@
 #   make demo   set up .venv, pull the embedded default models, run the short benchmark
 #   make test   set up .venv and run the whole test suite (pulls the models it needs;
 #               the CUDA tests skip where there is no GPU)
+#   make test-exact  the sampling conformance suite with release-sized samples
 #   make test-gpu  only the CUDA tests, on a GPU machine
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-gpu lint clean
+.PHONY: setup demo test test-exact test-gpu lint clean
 
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
@@ -33,6 +34,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/python -m pytest -q
+
+# the sampling conformance suite with 10x the draws (releases; about 10 minutes)
+test-exact: $(STAMP)
+	DRAFTSMAN_EXACT_DRAWS=20000 $(VENV)/bin/python -m pytest -q -s tests/test_conformance.py
 
 test-gpu: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m gpu
