@@ -11,7 +11,6 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chi2
 from tiny import hf_model, ours_from_hf
 
 from draftsman.core import GenerationConfig
@@ -24,6 +23,7 @@ from draftsman.strategies import speculative as speculative_module
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.gamma import make_policy
 from draftsman.strategies.speculative import Speculative
+from draftsman.testing import chi_square_pvalue
 from draftsman.verification.chain import Verdict
 
 
@@ -170,22 +170,6 @@ def exact_joint(model, prompt, n, sampling):
             ctx.append(tok)
         probs[seq] = p
     return probs
-
-
-def chi_square_pvalue(counts: dict, expected_p: dict, draws: int) -> float:
-    # pool rare cells so every expected count is >= 5
-    stat, dof, pool_obs, pool_exp = 0.0, -1, 0, 0.0
-    for cell, p in expected_p.items():
-        e, o = p * draws, counts.get(cell, 0)
-        if e < 5:
-            pool_obs, pool_exp = pool_obs + o, pool_exp + e
-            continue
-        stat += (o - e) ** 2 / e
-        dof += 1
-    if pool_exp > 0:
-        stat += (pool_obs - pool_exp) ** 2 / pool_exp
-        dof += 1
-    return float(chi2.sf(stat, dof))
 
 
 def sampled_counts(strategy, prompt, n, sampling_kwargs, draws=DRAWS):
