@@ -16,23 +16,32 @@ import os
 import numpy as np
 import pytest
 import torch
+from test_quant import gguf_model, quantised
 from test_speculative import perturbed_copy
 from tiny import hf_model, ours_from_hf
 
 from draftsman import sampling as sampling_module
+from draftsman.models.loader import build_model
+from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.proposers import staged as staged_module
 from draftsman.proposers.draft_model import DraftModelProposer
+from draftsman.proposers.history import HistoryStore
 from draftsman.proposers.ngram import NGramProposer
+from draftsman.proposers.prompt_lookup import PromptLookupProposer
+from draftsman.proposers.prompt_tokens import PromptTokenDraftProposer
 from draftsman.proposers.staged import StagedProposer
+from draftsman.proposers.suffix import SuffixProposer
 from draftsman.sampling import SamplingConfig, probabilities
 from draftsman.strategies import speculative as speculative_module
 from draftsman.strategies import tree_speculative as tree_module
 from draftsman.strategies.branches import BranchPlanner
-from draftsman.strategies.gamma import make_policy
+from draftsman.strategies.gamma import CostModelGamma, make_policy
 from draftsman.strategies.speculative import Speculative
 from draftsman.strategies.tree_speculative import TreeSpeculative
 from draftsman.testing import check_exact, reference_probabilities, target_joint
+from draftsman.trees.sparse import PRIOR_ACCURACY, make_trees
 from draftsman.verification import chain
+from draftsman.verification.prompt_tree import TreeDecoder
 from draftsman.verification.tree import TreeVerdict
 
 VOCAB = 4
@@ -274,3 +283,101 @@ def test_harness_rejects_a_wrong_sampler(models, joints, monkeypatch):
     result = check_exact(chain_strategy(models), CHAIN_PROMPT,
                          joints[(tuple(CHAIN_PROMPT), T1)], T1, 1000)
     assert result.p_min < 1e-6, result.table()
+
+
+# ----------------------------------------------------------------------------- model-free
+
+
+def test_prompt_lookup_is_exact(models, joints):
+    """Deterministic guesses copied from the prompt: accepted and refused at every depth."""
+    target, _ = models
+    strategy = Speculative(target, PromptLookupProposer(), make_policy(3, None))
+    result = report(check_exact(strategy, TREE_PROMPT, joints[(tuple(TREE_PROMPT), T1)], T1,
+                                DRAWS, require=CHAIN_NEEDS), "speculative, prompt lookup")
+    assert result.passed(), result.table()
+
+
+def test_suffix_with_history_is_exact(models, joints):
+    """Guesses copied from the client's earlier sequences (the history scope): an earlier
+    reply that continued this prompt with the target's most likely tokens."""
+    target, _ = models
+    store = HistoryStore(1000)
+    likely = max(joints[(tuple(CHAIN_PROMPT), CUT)].items(), key=lambda kv: kv[1])[0]
+    store.add("user", [2, 2] + CHAIN_PROMPT + list(likely) + [1, 1])
+    strategy = Speculative(target, SuffixProposer(), make_policy(3, None))
+    result = report(check_exact(strategy, CHAIN_PROMPT, joints[(tuple(CHAIN_PROMPT), CUT)],
+                                CUT, DRAWS, require=["accepted at 1", "accepted at 2",
+                                                     "rejected at 1", "rejected at 2"],
+                                history=store.scope("user")),
+                    "speculative, suffix drafter over a history")
+    assert result.passed(), result.table()
+
+
+# ----------------------------------------------------------------------------- γ mid-run
+
+
+class PinnedCostGamma(CostModelGamma):
+    """The cost-model controller with the draft's cost pinned: the tiny draft costs what the
+    target does, so the measured cost would turn guessing off; a real draft is cheaper."""
+
+    def update(self, fb):
+        cost = self.cost
+        super().update(fb)
+        self.cost = cost
+
+
+def test_cost_model_gamma_changing_mid_run_is_exact(models, joints):
+    """The cost-model controller re-chooses γ every step from the acceptance so far: the
+    length of the next guess depends on earlier verdicts, never on future draws."""
+    target, draft = models
+    policy = PinnedCostGamma(gamma=3, max_gamma=4)
+    policy.calibrate({k: 1.0 + 0.02 * (k - 1) for k in range(1, 6)}, draft_cost=0.05)
+    strategy = Speculative(target, DraftModelProposer(draft), policy)
+    result = report(check_exact(strategy, CHAIN_PROMPT, joints[(tuple(CHAIN_PROMPT), T1)],
+                                T1, DRAWS, require=["gamma changed", "accepted at 1",
+                                                    "accepted at 2", "rejected at 1",
+                                                    "rejected at 2", "bonus"]),
+                    "speculative, cost-model γ")
+    assert result.passed(), result.table()
+
+
+# ----------------------------------------------------------------------------- prompt tokens
+
+
+def test_prompt_token_draft_is_exact(models, joints):
+    """Parallel prompt decoding's exact rule under sampling: the draft decodes with its own
+    prompt tokens (deterministic guesses) and the target verifies by speculative sampling.
+    (Plain parallel prompt decoding samples by typical acceptance, declared lossy.)"""
+    target, draft = models
+    prompts = PromptTokens.from_vocabulary(draft, 3, 1, seed=2)
+    decoder = TreeDecoder(draft, prompts, make_trees("dynamic", PRIOR_ACCURACY, 3, 8).states)
+    strategy = Speculative(target, PromptTokenDraftProposer(decoder), make_policy(3, None))
+    result = report(check_exact(strategy, CHAIN_PROMPT, joints[(tuple(CHAIN_PROMPT), T1)],
+                                T1, DRAWS, require=CHAIN_NEEDS),
+                    "speculative, draft with prompt tokens")
+    assert result.passed(), result.table()
+
+
+# ----------------------------------------------------------------------------- quantised
+
+
+@pytest.mark.parametrize("kind,kernel", [("q4", "packed"), ("q8", "packed"), ("q8", "onednn")])
+def test_quantised_targets_are_exact(monkeypatch, kind, kernel):
+    """A q4 / q8 target on its batch-invariant kernels: the rows of a verify forward are the
+    one-token forward's, so speculative sampling draws the quantised model's own tokens.
+    Vocabulary 97 under top-k 3: the expected joint walks the 81 cells of 4 tokens."""
+    monkeypatch.setenv("DRAFTSMAN_INT8_KERNEL", kernel)
+    config, state, blocks = gguf_model("llama", seed=0, lm_scale=4.0)
+    target = quantised(config, state, blocks, kind=kind)
+    draft = perturbed_copy(build_model(config, state, torch.float32), 0.04, 5)
+    prompt = [5, 17, 3, 44, 12, 9, 60, 2]
+    sampling = SamplingConfig(temperature=1.0, top_k=3)
+    expected = target_joint(target, prompt, 4, sampling)
+    assert len(expected) == 81
+    strategy = Speculative(target, DraftModelProposer(draft), make_policy(2, None))
+    # a quarter of the draws: these forwards cost ~10x the 4-token models'
+    result = report(check_exact(strategy, prompt, expected, sampling, DRAWS // 4,
+                                require=["accepted at 1", "accepted at 2", "rejected at 1",
+                                         "rejected at 2", "bonus"]),
+                    f"speculative on a {kind} target ({kernel})")
+    assert result.passed(), result.table()

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "draftsman.cli.train_cmd",
     "draftsman.cli.analyze_cmd",
     "draftsman.cli.profile_cmd",
+    "draftsman.cli.check_exact_cmd",
 )
 
 

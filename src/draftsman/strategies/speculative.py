@@ -70,15 +70,15 @@ class Speculative(Strategy):
             self.proposer.start(prompt_ids, capacity)
         while not budget.done:
             planned = policy.plans_guesses and not self.proposer.uses_model
-            gamma = min(policy.max_gamma if planned else policy.next_gamma(),
-                        budget.remaining - 1)
+            wanted = policy.max_gamma if planned else policy.next_gamma()
+            gamma = min(wanted, budget.remaining - 1)
             with timer("draft"):
                 proposal = (self.proposer.propose(committed, gamma, sampler, policy.stop_below)
                             if gamma > 0 else Proposal([], None))
             key = proposal.extra.get("match") if planned else None
             if planned and proposal.tokens:
                 proposal.tokens = proposal.tokens[: policy.plan(len(proposal.tokens), key)]
-                gamma = len(proposal.tokens)
+                gamma = wanted = len(proposal.tokens)
             with timer("verify"):
                 verdict = verify_step(target, committed, proposal, sampler)
             new = budget.clip(proposal.tokens[: verdict.accepted] + [verdict.next_token])
@@ -104,5 +104,6 @@ class Speculative(Strategy):
                 verify_seconds=seconds["verify"],
                 other_seconds=seconds.get("other", 0.0),
                 finish=budget.finish,
-                extra={"gamma": gamma, **proposal.extra},
+                # policy_gamma: the policy's choice before the budget clipped it
+                extra={"gamma": gamma, "policy_gamma": wanted, **proposal.extra},
             )
