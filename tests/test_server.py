@@ -9,6 +9,7 @@ engine runs in fp32, so every greedy method must give exactly `engine.generate`'
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -665,6 +666,53 @@ def test_queue_full_429_and_disconnects_free_slots(slow_engine):
         assert total(m, "draftsman_finished_requests_total", reason="cancelled") == 3
         assert total(m, "draftsman_finished_requests_total", reason="length") == 1
         assert total(m, "draftsman_queue_capacity") == 2
+
+
+def test_a_finished_cancelled_or_failed_job_frees_its_slot_before_its_end(engine,
+                                                                          monkeypatch):
+    """The 429 bound is exact: when a job's `Finished` reaches the client (and its response
+    can end), its slot is already free, whether it finished, was cancelled mid-run or failed.
+    Checked at the moment `Finished` is emitted, so no timing luck is involved."""
+    from draftsman.server import worker
+
+    at_finish: list[tuple[int, int]] = []
+    emit = worker.Job.emit
+
+    def recording_emit(self, item):
+        if isinstance(item, worker.Finished):
+            at_finish.append((scheduler.waiting, scheduler.running))
+        emit(self, item)
+
+    monkeypatch.setattr(worker.Job, "emit", recording_emit)
+    scheduler = worker.Scheduler(engine, parallel=1, max_queue=0)
+    scheduler.start()
+
+    async def run_all() -> list[worker.Finished]:
+        ends = []
+        for kind in ("finish", "cancel", "fail", "finish"):
+            request = engine.prepare("hello world", method="autoregressive", chat=False,
+                                     max_new_tokens=300 if kind == "cancel" else 4)
+            if kind == "fail":
+                def broken(*args, **kwargs):
+                    raise RuntimeError("broken strategy")
+                    yield
+
+                request.strategy.generate = broken
+            job = scheduler.submit(request)  # capacity 1: refused if the last still held it
+            async for item in job.items():
+                if kind == "cancel" and not isinstance(item, worker.Finished):
+                    job.cancel()
+                if isinstance(item, worker.Finished):
+                    ends.append(item)
+        return ends
+
+    try:
+        ends = asyncio.run(run_all())
+    finally:
+        scheduler.close()
+    assert [e.cancelled for e in ends] == [False, True, False, False]
+    assert isinstance(ends[2].error, RuntimeError)
+    assert at_finish == [(0, 0)] * 4
 
 
 def test_shutdown_cancels_requests_still_running(engine):

@@ -9,7 +9,8 @@ Invariants:
 - every admitted job ends with exactly one `Finished` on its queue, whatever happens
   (completed, cancelled while waiting, cancelled while running, failed, shut down);
 - `waiting + running` counts admitted jobs that have not finished, so the 429 bound is
-  exact; a job cancelled while waiting leaves the count at once, not when a worker pops it;
+  exact; a job cancelled while waiting leaves the count at once, not when a worker pops it,
+  and a running job leaves it before its `Finished` is emitted, so before its response ends;
 - a cancelled running job stops at its next step: the worker checks the flag between
   events and closes the engine's iterator, which frees the slot.
 """
@@ -237,16 +238,26 @@ class Scheduler:
                 job.state = RUNNING
                 self.waiting -= 1
                 self.running += 1
+            finished, reply = None, []
             try:
-                self._run(job)
+                finished, reply = self._run(job)
             finally:
+                # the slot is free before the client can see the end of its response, so a
+                # request sent right after it is never refused for this one (exact 429 bound)
                 with self._lock:
                     job.state = DONE
                     self.running -= 1
                     self._all.discard(job)
+                job.emit(finished or Finished(cancelled=True, queue_seconds=0.0,
+                                              run_seconds=0.0))
+            scope = job.request.config.history
+            if self.history is not None and finished.error is None and isinstance(scope, Scope):
+                # after the client has its answer: remembering costs it no latency
+                self.history.add(scope.name, job.request.prompt_ids + reply)
 
-    def _run(self, job: Job) -> None:
-        """Generate until done or cancelled; always ends with one `Finished` (invariant)."""
+    def _run(self, job: Job) -> tuple[Finished, list[int]]:
+        """Generate until done or cancelled; returns the `Finished` to emit (the caller
+        emits it after freeing the slot) and the reply's tokens."""
         job.started_at = time.perf_counter()
         queued = job.started_at - job.enqueued_at
         error: BaseException | None = None
@@ -266,12 +277,8 @@ class Scheduler:
             error = exc
         seconds = time.perf_counter() - job.started_at
         self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * seconds
-        job.emit(Finished(cancelled=job.cancelled, queue_seconds=queued, run_seconds=seconds,
-                          error=error))
-        scope = job.request.config.history
-        if self.history is not None and error is None and isinstance(scope, Scope):
-            # after the client has its answer: remembering costs it no latency
-            self.history.add(scope.name, job.request.prompt_ids + reply)
+        return Finished(cancelled=job.cancelled, queue_seconds=queued, run_seconds=seconds,
+                        error=error), reply
 
 
 def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> None:
