@@ -79,11 +79,17 @@ def test_greedy_identical_to_autoregressive(models, gamma, drafter):
     proposer = {"ngram": NGramProposer(), "prompt-lookup": PromptLookupProposer()}.get(
         drafter) or DraftModelProposer(models[drafter])
     spec = speculative(models, proposer, gamma)
+    accepted = drafted = 0
     for prompt in prompts():
         expected, _ = run(reference, prompt)
         got, steps = run(spec, prompt)
         assert got == expected
         assert sum(s.target_forwards for s in steps) <= len(expected)
+        accepted += sum(s.accepted for s in steps)
+        drafted += sum(s.drafted for s in steps)
+    # plain decoding would pass the identity check too: guesses must have been kept (the
+    # accept path ran) and, no drafter being perfect here, refused (the recovery path ran)
+    assert 0 < accepted < drafted
 
 
 @pytest.mark.parametrize("policy", ["heuristic", "acceptance", "cost"])
