@@ -29,10 +29,20 @@ if [[ ! -d "$SRC" ]]; then
     -d "$PREFIX/src"
   tar xzf "$PREFIX/src/llama_cpp_python-$VERSION.tar.gz" -C "$PREFIX/src"
 fi
+# On AMX CPUs a native build compiles ggml's AMX matmul, which crashes on our models
+# (ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824). GCC lets an explicit -mno-<isa> win
+# over -march=native whatever the order, so the AMX kernels are compiled out while AVX-512,
+# VNNI and the repacked (extra buffer) weights stay: llama.cpp at its best that is stable.
+# DRAFTSMAN_LLAMA_AMX=1 keeps them (to measure them).
+ISA_FLAGS=""
+if grep -q amx_int8 /proc/cpuinfo 2>/dev/null && [[ "${DRAFTSMAN_LLAMA_AMX:-0}" != 1 ]]; then
+  ISA_FLAGS="-mno-amx-int8 -mno-amx-tile -mno-amx-bf16"
+fi
 if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
   GENERATOR=()
   if command -v ninja >/dev/null; then GENERATOR=(-G Ninja); fi
   cmake -S "$SRC" -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_FLAGS="$ISA_FLAGS" -DCMAKE_CXX_FLAGS="$ISA_FLAGS" \
     -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=ON >/dev/null
 fi

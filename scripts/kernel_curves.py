@@ -8,7 +8,9 @@ sweep streams the weights from memory, as a decode step does). Kernels are timed
 - onednn-int8: int8 weights x int8 activations per row (quant_linear.OneDnnInt8Matrix);
 - int8pack: PyTorch's weight-only int8 (`_weight_int8pack_mm`, bf16 activations);
 - int4pack: PyTorch's weight-only int4 groups of 32 (`_weight_int4pack_mm_for_cpu`);
-- kquant-q4k: draftsman's K-quant kernel on Q4_K blocks (where it builds);
+- kquant-q4k: draftsman's K-quant kernel on Q4_K blocks (where it builds), its widest path
+  (`kquant_isa`); kquant-q4k-avx2 beside it where that is AVX-512, to show what the wide
+  path gains;
 - bf16: a dense bf16 matmul.
 Writes one JSON line per (kernel, k) with the CPU's name and flags.
 
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 
 from draftsman.hardware import cpu_flags, cpu_model
-from draftsman.kernels.native import kquant_available
+from draftsman.kernels.native import kquant_available, kquant_isa
 from draftsman.models.quant_linear import (
     Int4Matrix,
     Int8Matrix,
@@ -59,6 +61,8 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
                                           "bf16": []}
     if kquant_available():
         kernels["kquant-q4k"] = []
+        if kquant_isa() != "avx2":
+            kernels["kquant-q4k-avx2"] = []
     for _ in range(count):
         blocks = q4k_blocks(n, k, rng)
         w = torch.from_numpy(rng.standard_normal((n, k), dtype=np.float32)) * 0.02
@@ -68,6 +72,10 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
         kernels["bf16"].append(torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16))
         if "kquant-q4k" in kernels:
             kernels["kquant-q4k"].append(KQuantMatrix([blocks]))
+        if "kquant-q4k-avx2" in kernels:
+            rows = kernels["kquant-q4k"][-1].blocks
+            kernels["kquant-q4k-avx2"].append(
+                lambda x, rows=rows: torch.ops.draftsman.kquant_mm(x, rows, 12, 1))
     return kernels
 
 
@@ -107,10 +115,10 @@ def main() -> None:
     env = {"cpu": cpu_model(), "isa": sorted(cpu_flags() & set(ISA_FLAGS)),
            "threads": torch.get_num_threads(), "torch": torch.__version__,
            "machine": platform.machine(), "commit": commit,
-           "onednn_activation_bits": activation_bits()}
+           "onednn_activation_bits": activation_bits(), "kquant_isa": kquant_isa()}
     lines = []
     print(f"{args.matrices} x {n}x{k} per sweep, {env['threads']} threads, {env['cpu']}")
-    print(f"{'kernel':<12}" + "".join(f"{f'k={r}':>16}" for r in rows))
+    print(f"{'kernel':<16}" + "".join(f"{f'k={r}':>16}" for r in rows))
     for name in kernels:
         one = statistics.median(times[(name, rows[0])])
         cells = []
@@ -120,7 +128,7 @@ def main() -> None:
             lines.append({"kernel": name, "rows": r, "ms": med * 1e3, "v": med / one,
                           "best_ms": min(times[(name, r)]) * 1e3, "shape": [n, k],
                           "matrices": args.matrices, "env": env})
-        print(f"{name:<12}" + "".join(f"{c:>16}" for c in cells))
+        print(f"{name:<16}" + "".join(f"{c:>16}" for c in cells))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as f:

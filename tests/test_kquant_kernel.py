@@ -15,14 +15,15 @@ from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 from test_quant import random_blocks
 
-from draftsman.kernels.native import kquant_available, simd_flags
+from draftsman.hardware import cpu_flags
+from draftsman.kernels.native import kquant_available, kquant_isa, simd_flags
 
 pytestmark = pytest.mark.skipif(not kquant_available(), reason="no C++ compiler here")
 
 TYPES = [Q.Q4_K, Q.Q6_K]
 
 
-def mm(x: torch.Tensor, rows: np.ndarray, qtype: Q, simd: bool = True) -> torch.Tensor:
+def mm(x: torch.Tensor, rows: np.ndarray, qtype: Q, simd: int = 2) -> torch.Tensor:
     return torch.ops.draftsman.kquant_mm(x, torch.from_numpy(rows), int(qtype), simd)
 
 
@@ -62,12 +63,26 @@ def test_a_corrupted_block_changes_the_answer(qtype):
 
 
 @pytest.mark.skipif(not simd_flags(), reason="no AVX2 on this CPU")
+@pytest.mark.parametrize("simd", [1, 2], ids=["avx2", "widest"])
 @pytest.mark.parametrize("qtype", TYPES)
-def test_simd_path_equals_the_scalar_path(qtype):
+def test_simd_paths_equal_the_scalar_path(qtype, simd):
+    """AVX2 and the widest path built (AVX-512 VNNI where the CPU has it: `kquant_isa`)
+    against the scalar one, over 1..19 rows so every group size and remainder runs."""
     rows = random_blocks(qtype, 33, 1024, seed=2)
-    x = torch.randn(7, 1024)
-    fast, slow = mm(x, rows, qtype), mm(x, rows, qtype, simd=False)
-    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5 * float(slow.abs().max()))
+    x = torch.randn(19, 1024)
+    x[5] *= 100  # an outlier row: its scale must not leak into its neighbours
+    slow = mm(x, rows, qtype, simd=0)
+    for m in (1, 3, 7, 8, 9, 16, 19):
+        fast = mm(x[:m].contiguous(), rows, qtype, simd=simd)
+        torch.testing.assert_close(fast, slow[:m], rtol=1e-5,
+                                   atol=1e-5 * float(slow[:m].abs().max()))
+
+
+def test_the_widest_path_is_the_one_the_cpu_allows():
+    flags = cpu_flags()
+    want = ("avx512vnni" if {"avx512bw", "avx512_vnni"} <= flags else
+            "avx2" if simd_flags() else "scalar")
+    assert kquant_isa() == want
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -77,7 +92,7 @@ def test_every_row_is_the_same_alone_in_any_batch_and_thread_count(qtype):
     alone = torch.cat([mm(x[i:i + 1].contiguous(), rows, qtype) for i in range(11)])
     threads = torch.get_num_threads()
     try:
-        for m in (2, 3, 4, 5, 9, 11):
+        for m in (2, 3, 4, 5, 8, 9, 11):
             torch.set_num_threads(1 + m % 2)
             assert torch.equal(mm(x[:m].contiguous(), rows, qtype), alone[:m]), m
     finally:

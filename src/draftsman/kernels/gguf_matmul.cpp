@@ -35,6 +35,13 @@
 #else
 #define DRAFTSMAN_AVX2 0
 #endif
+// AVX-512 with VNNI (Ice Lake, Sapphire Rapids and later Xeons; Zen 4 and later EPYCs):
+// 64 weights per instruction and the pair-sum, scale and accumulate fused (vpdpwssd)
+#if DRAFTSMAN_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define DRAFTSMAN_AVX512 1
+#else
+#define DRAFTSMAN_AVX512 0
+#endif
 
 namespace {
 
@@ -321,6 +328,118 @@ void q6k_rows_avx2(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t strid
 }
 #endif
 
+// ---- AVX-512 VNNI ----
+//
+// The same integer sums as the AVX2 path, 64 weights at a time: one zmm holds two 32-wide
+// Q4_K sub-blocks (or four 16-wide Q6_K ones), maddubs pairs u8 weights with s8 activations
+// into s16, and vpdpwssd multiplies those by the sub-block scales and adds them to the int32
+// accumulator in one instruction. A block's weights and scale vectors are unpacked once for
+// up to 8 activation rows, which then cost 3 instructions per 64 weights each.
+
+#if DRAFTSMAN_AVX512
+float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+template <int R>
+void q4k_rows_avx512(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t stride, float* out) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  // int16 lane i of the scale vector for pair p: sub-block 2p (lanes 0..15), 2p+1 (16..31)
+  __m512i pick[4];
+  for (int p = 0; p < 4; ++p) {
+    alignas(64) int16_t idx[32];
+    for (int i = 0; i < 32; ++i) idx[i] = static_cast<int16_t>(2 * p + i / 16);
+    pick[p] = _mm512_load_si512(idx);
+  }
+  __m512 acc[R];
+  __m128 accm[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    accm[r] = _mm_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b, w += Q4K_BYTES) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH + 128, _MM_HINT_T0);
+    alignas(16) uint8_t sm[16];
+    q4k_unpack_scales(w + 4, sm);
+    const __m128i sm8 = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    const __m512i scales = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(sm8));  // s0..s7 low
+    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm8, 8));
+    const float d = fast_half(w), dmin = fast_half(w + 2);
+    __m512i q[4], sc[4];
+    for (int p = 0; p < 4; ++p) {
+      // 32 bytes -> elements 64p..64p+31 (low nibbles) then 64p+32..64p+63 (high)
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 + 32 * p));
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(bytes),
+                                              _mm256_srli_epi16(bytes, 4), 1);
+      q[p] = _mm512_and_si512(both, low4);
+      sc[p] = _mm512_permutexvar_epi16(pick[p], scales);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Q8Block& xb = x[r * stride + b];
+      __m512i iacc = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) {
+        const __m512i xv = _mm512_loadu_si512(xb.q + 64 * p);
+        iacc = _mm512_dpwssd_epi32(iacc, _mm512_maddubs_epi16(q[p], xv), sc[p]);
+      }
+      const __m128i mp =
+          _mm_madd_epi16(mins16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.psums)));
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * xb.d), _mm512_cvtepi32_ps(iacc), acc[r]);
+      accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * xb.d), _mm_cvtepi32_ps(mp), accm[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum512(acc[r]) - hsum128(accm[r]);
+}
+
+template <int R>
+void q6k_rows_avx512(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t stride, float* out) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const __m512i hi2 = _mm512_set1_epi8(0x30);
+  // int16 shift counts per 256-bit half: chunks (0, 1) take qh << 4 and << 2; (2, 3) >> 0, >> 2
+  const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i down = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  // scale vector v of a block: 16-wide sub-blocks 4v..4v+3, 8 int16 lanes each
+  __m512i pick[4];
+  for (int v = 0; v < 4; ++v) {
+    alignas(64) int16_t idx[32];
+    for (int i = 0; i < 32; ++i) idx[i] = static_cast<int16_t>(4 * v + i / 8);
+    pick[v] = _mm512_load_si512(idx);
+  }
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, w += Q6K_BYTES) {
+    for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH + 64 * l, _MM_HINT_T0);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 192)));
+    const __m512i sc512 = _mm512_castsi256_si512(sc16);
+    const float d = fast_half(w + 208);
+    __m512i q[4], sc[4];
+    for (int half = 0; half < 2; ++half) {
+      const __m512i ql = _mm512_loadu_si512(w + 64 * half);
+      const __m512i h = _mm512_broadcast_i64x4(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 128 + 32 * half)));
+      // elements 128 half + 0..63: chunks 0, 1 (low nibbles); 64..127: chunks 2, 3 (high)
+      q[2 * half] = _mm512_or_si512(_mm512_and_si512(ql, low4),
+                                    _mm512_and_si512(_mm512_sllv_epi16(h, up), hi2));
+      q[2 * half + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                        _mm512_and_si512(_mm512_srlv_epi16(h, down), hi2));
+    }
+    for (int v = 0; v < 4; ++v) sc[v] = _mm512_permutexvar_epi16(pick[v], sc512);
+    for (int r = 0; r < R; ++r) {
+      const Q8Block& xb = x[r * stride + b];
+      // the -32 of (q - 32): sum_i sc_i * bsums_i, as in the AVX2 path
+      const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(
+          sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums))), 5);
+      __m512i iacc = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(off));
+      for (int v = 0; v < 4; ++v) {
+        const __m512i xv = _mm512_loadu_si512(xb.q + 64 * v);
+        iacc = _mm512_dpwssd_epi32(iacc, _mm512_maddubs_epi16(q[v], xv), sc[v]);
+      }
+      acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * xb.d), _mm512_cvtepi32_ps(iacc), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum512(acc[r]);
+}
+#endif
+
 // out[r] = dot(weight row w, x row r) for r < R; x rows are `stride` blocks apart.
 using RowsFn = void (*)(const uint8_t*, const Q8Block*, int64_t, int64_t, float*);
 
@@ -329,31 +448,54 @@ void rows_scalar(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t stride,
   for (int r = 0; r < R; ++r) out[r] = Dot(w, x + r * stride, nb);
 }
 
-// Kernels for 1..4 rows at a time; a batch of M rows runs as 4-row groups and a remainder,
-// each row's arithmetic being the same in every group size.
+// Kernels for 1..G rows at a time (G = `group`: 8 on AVX-512, 4 elsewhere); a batch of M rows
+// runs as G-row groups and a remainder, each row's arithmetic being the same in every group.
+constexpr int MAX_GROUP = 8;
 struct Kernels {
-  RowsFn rows[5];
+  RowsFn rows[MAX_GROUP + 1];
+  int group;
+  const char* isa;
 };
 
-Kernels pick(int64_t qtype, bool simd) {
-#if DRAFTSMAN_AVX2
-  if (simd && qtype == TYPE_Q4_K) {
-    return {{nullptr, q4k_rows_avx2<1>, q4k_rows_avx2<2>, q4k_rows_avx2<3>, q4k_rows_avx2<4>}};
-  }
-  if (simd) {
-    return {{nullptr, q6k_rows_avx2<1>, q6k_rows_avx2<2>, q6k_rows_avx2<3>, q6k_rows_avx2<4>}};
-  }
-#endif
-  (void)simd;
-  if (qtype == TYPE_Q4_K) {
-    return {{nullptr, rows_scalar<dot_q4k_scalar, 1>, rows_scalar<dot_q4k_scalar, 2>,
-             rows_scalar<dot_q4k_scalar, 3>, rows_scalar<dot_q4k_scalar, 4>}};
-  }
-  return {{nullptr, rows_scalar<dot_q6k_scalar, 1>, rows_scalar<dot_q6k_scalar, 2>,
-           rows_scalar<dot_q6k_scalar, 3>, rows_scalar<dot_q6k_scalar, 4>}};
+template <template <int> class F>
+Kernels rows_up_to(int group, const char* isa) {
+  Kernels k{{nullptr, F<1>::run, F<2>::run, F<3>::run, F<4>::run, F<5>::run, F<6>::run,
+             F<7>::run, F<8>::run}, group, isa};
+  for (int r = group + 1; r <= MAX_GROUP; ++r) k.rows[r] = nullptr;
+  return k;
 }
 
-at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, bool simd) {
+#define DRAFTSMAN_ROWS(name, fn) \
+  template <int R>               \
+  struct name {                  \
+    static constexpr RowsFn run = fn; \
+  };
+DRAFTSMAN_ROWS(Q4Scalar, (rows_scalar<dot_q4k_scalar, R>))
+DRAFTSMAN_ROWS(Q6Scalar, (rows_scalar<dot_q6k_scalar, R>))
+#if DRAFTSMAN_AVX2
+DRAFTSMAN_ROWS(Q4Avx2, q4k_rows_avx2<(R <= 4 ? R : 4)>)
+DRAFTSMAN_ROWS(Q6Avx2, q6k_rows_avx2<(R <= 4 ? R : 4)>)
+#endif
+#if DRAFTSMAN_AVX512
+DRAFTSMAN_ROWS(Q4Avx512, q4k_rows_avx512<R>)
+DRAFTSMAN_ROWS(Q6Avx512, q6k_rows_avx512<R>)
+#endif
+#undef DRAFTSMAN_ROWS
+
+// The widest path this build has, up to `simd` (0 scalar, 1 AVX2, 2 AVX-512 VNNI).
+Kernels pick(int64_t qtype, int64_t simd) {
+  const bool q4 = qtype == TYPE_Q4_K;
+#if DRAFTSMAN_AVX512
+  if (simd >= 2) return q4 ? rows_up_to<Q4Avx512>(8, "avx512vnni") : rows_up_to<Q6Avx512>(8, "avx512vnni");
+#endif
+#if DRAFTSMAN_AVX2
+  if (simd >= 1) return q4 ? rows_up_to<Q4Avx2>(4, "avx2") : rows_up_to<Q6Avx2>(4, "avx2");
+#endif
+  (void)simd;
+  return q4 ? rows_up_to<Q4Scalar>(4, "scalar") : rows_up_to<Q6Scalar>(4, "scalar");
+}
+
+at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, int64_t simd) {
   TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_mm: qtype must be Q4_K or Q6_K");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.dim() == 2 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(),
@@ -389,15 +531,16 @@ at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, bo
   // against every weight row: a long prefill's activations then stay in L2 while a weight
   // row streams past them, instead of coming from L3 once per weight row. Within a tile each
   // output column is one thread's work. Neither split changes a value.
-  const int64_t tile = std::max<int64_t>(4, (TILE_BYTES / (nb * int64_t(sizeof(Q8Block)))) / 4 * 4);
+  const int64_t g = kernels.group;
+  const int64_t tile = std::max<int64_t>(g, (TILE_BYTES / (nb * int64_t(sizeof(Q8Block)))) / g * g);
   for (int64_t t0 = 0; t0 < m; t0 += tile) {
     const int64_t t1 = std::min(m, t0 + tile);
     at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-      float out[4];
+      float out[MAX_GROUP];
       for (int64_t j = begin; j < end; ++j) {
         const uint8_t* row = wp + j * row_bytes;
-        for (int64_t r0 = t0; r0 < t1; r0 += 4) {
-          const int rows = static_cast<int>(std::min<int64_t>(4, t1 - r0));
+        for (int64_t r0 = t0; r0 < t1; r0 += g) {
+          const int rows = static_cast<int>(std::min<int64_t>(g, t1 - r0));
           kernels.rows[rows](row, xq.data() + r0 * nb, nb, nb, out);
           for (int r = 0; r < rows; ++r) {
             if (bf16) {
@@ -418,9 +561,14 @@ bool has_simd() { return DRAFTSMAN_AVX2 != 0; }
 }  // namespace
 
 TORCH_LIBRARY(draftsman, m) {
-  m.def("kquant_mm(Tensor x, Tensor w, int qtype, bool simd=True) -> Tensor");
+  // simd: the widest path allowed (0 scalar, 1 AVX2, 2 AVX-512 VNNI); the build's widest
+  // at or below it runs
+  m.def("kquant_mm(Tensor x, Tensor w, int qtype, int simd=2) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) { m.impl("kquant_mm", &kquant_mm); }
 
 extern "C" int draftsman_kquant_simd() { return has_simd() ? 1 : 0; }
+
+// The path kquant_mm takes at its default: "avx512vnni", "avx2" or "scalar".
+extern "C" const char* draftsman_kquant_isa() { return pick(TYPE_Q4_K, 2).isa; }

@@ -112,7 +112,7 @@ def _load() -> bool:
 
 
 def _kquant_mm_fake(x: torch.Tensor, w: torch.Tensor, qtype: int,
-                    simd: bool = True) -> torch.Tensor:
+                    simd: int = 2) -> torch.Tensor:
     return x.new_empty((x.shape[0], w.shape[0]))
 
 
@@ -144,8 +144,22 @@ def unavailable_reason() -> str:
 
 
 def simd_built() -> bool:
-    """Whether the loaded kernels use the AVX2 path (False: the portable scalar one)."""
+    """Whether the loaded kernels use a SIMD path (False: the portable scalar one)."""
     return bool(simd_flags()) and kquant_available()
+
+
+@cache
+def kquant_isa() -> str:
+    """The path the K-quant kernel takes on this CPU: "avx512vnni" (64 weights an
+    instruction, 8 activation rows per unpacked block), "avx2" (32, 4 rows), "scalar", or
+    "" where the kernels do not load."""
+    if not kquant_available():
+        return ""
+    import ctypes
+
+    lib = ctypes.CDLL(str(library_path()))
+    lib.draftsman_kquant_isa.restype = ctypes.c_char_p
+    return lib.draftsman_kquant_isa().decode()
 
 
 if __name__ == "__main__":
