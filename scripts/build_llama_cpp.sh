@@ -50,6 +50,12 @@ echo "building llama.cpp $VERSION (${todo[*]}) with native CPU flags; once, seve
 cmake --build "$BUILD" --parallel "$(nproc)" --target "${todo[@]}"
 
 mkdir -p "$PREFIX/lib" "$PREFIX/bin"
+# what the backend and every results row report about this build (llama_cpp.build_info)
+AMX_KERNELS=false
+if grep -q amx_int8 /proc/cpuinfo 2>/dev/null && [[ -z "$ISA_FLAGS" ]]; then AMX_KERNELS=true; fi
+cat > "$PREFIX/build-info.json" <<JSON
+{"version": "$VERSION", "native": true, "extra_flags": "$ISA_FLAGS", "amx_kernels": $AMX_KERNELS}
+JSON
 find "$BUILD/bin" -maxdepth 1 -name '*.so*' -exec cp -P {} "$PREFIX/lib/" \;
 for t in "${todo[@]}"; do
   if [[ -x "$BUILD/bin/$t" ]]; then cp "$BUILD/bin/$t" "$PREFIX/bin/"; fi

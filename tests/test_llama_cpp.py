@@ -8,14 +8,21 @@ verify) wherever the target's top-2 logit margin exceeds MARGIN_BOUND.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import draftsman
-from draftsman.backends.llama_cpp import LlamaCppLM, install_dir
+from draftsman.backends.llama_cpp import LlamaCppLM, amx_kernels_built, install_dir, repack
 from draftsman.bench.contestants import Sampling
 from draftsman.bench.peer_llama_cpp import LOOKUP_BINARY, LlamaCppLookupPeer, LlamaCppPlainPeer
+from draftsman.engine import LoadedModel
 from draftsman.errors import UnsupportedError
+from draftsman.hardware import cpu_flags
 from draftsman.models.base import LAST
 from draftsman.profiling import measure_latency
 from draftsman.store.resolve import ensure_model, resolve_gguf
@@ -32,6 +39,64 @@ PROMPTS = ["Write a Python function that returns the n-th Fibonacci number, with
 def smol():
     ensure_model(SMOL)
     return draftsman.load(SMOL, backend="llama.cpp", numerics="bitwise")
+
+
+def skip_layers_gguf(src, dst, first: int, last: int) -> int:
+    """Write a copy of GGUF `src` that keeps only its first `first` and last `last` blocks
+    (renumbered), every other tensor and all metadata as they are: a layer-skipping draft of
+    the same model (self-speculative decoding), a different network that agrees with the
+    full one often but not always. Returns the number of blocks kept."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    total = reader.fields[f"{arch}.block_count"].contents()
+    blocks = {old: new for new, old in enumerate(
+        list(range(first)) + list(range(total - last, total)))}
+    writer = gguf.GGUFWriter(dst, arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue  # written by GGUFWriter itself
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        value = len(blocks) if field.name == f"{arch}.block_count" else field.contents()
+        writer.add_key_value(field.name, value, kind, sub_type=sub)
+    kept = []
+    for t in reader.tensors:
+        name = t.name
+        if name.startswith("blk."):
+            _, index, rest = name.split(".", 2)
+            if int(index) not in blocks:
+                continue
+            name = f"blk.{blocks[int(index)]}.{rest}"
+        kept.append((name, t))
+    for name, t in kept:
+        writer.add_tensor_info(name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, t in kept:
+        writer.write_tensor_data(t.data)
+    writer.close()
+    return len(blocks)
+
+
+SMOL_DRAFT = "smollm2-135m-skip-middle-6 (test)"
+
+
+@pytest.fixture(scope="module")
+def smol_draft(smol, tmp_path_factory):
+    """A real draft for SmolLM2-135M, which has no smaller sibling in the catalogue: the
+    model without its 6 middle blocks (24 of 30), on llama.cpp. Greedy, it agrees with the
+    full model on roughly a third of the guesses on PROMPTS, so the accept and the reject
+    paths both run. Registered on the engine under SMOL_DRAFT."""
+    path = tmp_path_factory.mktemp("draft") / "smollm2-skip.gguf"
+    layers = skip_layers_gguf(str(resolve_gguf(SMOL)), str(path), 12, 12)
+    config = dataclasses.replace(smol.target.config, num_layers=layers)
+    model = LlamaCppLM(str(path), config, numerics="bitwise")
+    smol._models[SMOL_DRAFT] = LoadedModel(SMOL_DRAFT, smol.target.folder, model,
+                                           smol.target.tokenizer)
+    return SMOL_DRAFT
 
 
 @pytest.fixture(scope="module")
@@ -128,26 +193,52 @@ def test_tree_forward_matches_each_branch_and_keep_folds_it(smol):
     assert (nxt - want).abs().max() < 0.2 * (wrong - want).abs().max()
 
 
-def check_exact(engine, runs, tokens: int) -> None:
+def check_exact(engine, runs, tokens: int) -> list[tuple[int, int]]:
+    """Every run's tokens equal autoregressive decoding's on every prompt; returns each
+    run's (accepted, drafted) guesses summed over the prompts."""
+    counts = [(0, 0)] * len(runs)
     for prompt in PROMPTS:
         ref = engine.generate(prompt, max_new_tokens=tokens)
         assert ref.new_tokens > 8
-        for method, options in runs:
+        for i, (method, options) in enumerate(runs):
             got = engine.generate(prompt, max_new_tokens=tokens, method=method, **options)
             assert got.token_ids == ref.token_ids, (method, options)
+            accepted, drafted = counts[i]
+            counts[i] = (accepted + sum(s.accepted for s in got.steps),
+                         drafted + sum(s.drafted for s in got.steps))
+    return counts
+
+
+def assert_accepted_and_rejected(runs, counts) -> None:
+    """Identical output alone would also come from plain decoding: some guesses must have
+    been kept (the accept path ran) and some refused (the recovery path ran)."""
+    for (method, options), (accepted, drafted) in zip(runs, counts, strict=True):
+        assert 0 < accepted < drafted, (method, options, accepted, drafted)
 
 
 def test_every_exact_strategy_equals_autoregressive_on_smollm2(smol):
-    check_exact(smol, [
+    runs = [
         ("speculative", {"draft": "ngram", "gamma": 3}),
         ("speculative", {"draft": "prompt-lookup", "gamma": "auto"}),
         ("speculative", {"draft": "prompt-lookup", "gamma": 4, "branches": 3}),
         ("speculative", {"draft": "ngram", "gamma": "auto", "branches": "auto"}),
-        ("speculative", {"draft": SMOL, "gamma": 4}),  # self-drafting: all accepted
-        ("speculative", {"draft": SMOL, "gamma": "auto"}),
-        ("staged", {"draft": SMOL, "subdraft": "ngram"}),
-        ("big-little", {"draft": SMOL, "fallback": 0.9, "rollback": 1.0}),
-    ], tokens=48)
+    ]
+    assert_accepted_and_rejected(runs, check_exact(smol, runs, tokens=48))
+
+
+def test_every_draft_model_strategy_equals_autoregressive_on_smollm2(smol, smol_draft):
+    """With a distinct draft (SmolLM2 without its middle blocks), not the target itself."""
+    runs = [
+        ("speculative", {"draft": smol_draft, "gamma": 4}),
+        # γ adapting to the acceptance rate (the cost policy rightly drafts nothing here:
+        # this draft costs ~0.8 of the target and agrees on ~1/3 of guesses, α < c)
+        ("speculative", {"draft": smol_draft, "gamma": "auto", "gamma_policy": "acceptance"}),
+        ("staged", {"draft": smol_draft, "subdraft": "ngram"}),
+        # big-little keeps a checked small token while -log p_L(token) <= rollback: below
+        # ln 2 that needs p_L > 1/2, so only the target's own argmax is kept (exact greedy)
+        ("big-little", {"draft": smol_draft, "fallback": 0.5, "rollback": 0.6}),
+    ]
+    assert_accepted_and_rejected(runs, check_exact(smol, runs, tokens=24))
 
 
 def test_exact_with_a_long_context_on_default_pair(pair):
@@ -164,14 +255,17 @@ def test_exact_with_a_long_context_on_default_pair(pair):
 
 
 def test_every_exact_strategy_equals_autoregressive_on_default_pair(pair):
-    check_exact(pair, [
+    runs = [
         ("speculative", {"draft": DRAFT, "gamma": 4}),
-        ("speculative", {"draft": DRAFT, "gamma": "auto"}),
+        # adaptive γ from the acceptance rate: with gamma=auto alone the cost policy rightly
+        # drafts nothing here (bitwise verify costs grow with every row, so no γ pays off)
+        ("speculative", {"draft": DRAFT, "gamma": "auto", "gamma_policy": "acceptance"}),
         ("speculative", {"draft": "ngram", "gamma": "auto"}),
         ("speculative", {"draft": "prompt-lookup", "gamma": 2}),
         ("speculative", {"draft": "ngram", "gamma": 3, "branches": 3}),
         ("staged", {"draft": DRAFT, "subdraft": "prompt-lookup"}),
-    ], tokens=32)
+    ]
+    assert_accepted_and_rejected(runs, check_exact(pair, runs, tokens=32))
 
 
 def test_tree_verification_keeps_later_branches_exact(smol):
@@ -187,12 +281,18 @@ def test_tree_verification_keeps_later_branches_exact(smol):
     assert any(s.extra.get("branch", 0) > 0 for s in got.steps)
 
 
-def test_sampling_runs_and_is_seeded(smol):
-    a = smol.generate(PROMPTS[0], max_new_tokens=24, method="speculative", draft=SMOL,
+def test_sampling_runs_and_is_seeded(smol, smol_draft):
+    a = smol.generate(PROMPTS[0], max_new_tokens=24, method="speculative", draft=smol_draft,
                       temperature=0.8, seed=3)
-    b = smol.generate(PROMPTS[0], max_new_tokens=24, method="speculative", draft=SMOL,
+    b = smol.generate(PROMPTS[0], max_new_tokens=24, method="speculative", draft=smol_draft,
                       temperature=0.8, seed=3)
     assert a.token_ids == b.token_ids and a.new_tokens > 0
+    # a distinct draft: the seeded run went through both speculative sampling's accept and
+    # its residual resampling, and the repeat took the same path
+    accepted = sum(s.accepted for s in a.steps)
+    assert 0 < accepted < sum(s.drafted for s in a.steps)
+    assert [(s.accepted, s.drafted) for s in a.steps] == [(s.accepted, s.drafted)
+                                                          for s in b.steps]
 
 
 def test_methods_that_need_hidden_states_refuse_clearly(smol):
@@ -333,3 +433,25 @@ def test_lookup_peer_real_run_matches_the_plain_loop(fast_pair):
     assert out.seconds > 0 and lookup.acceptance and lookup.acceptance[0] > 0.5
     short = lookup.run(ids, Sampling(8), seed=0)
     assert short.token_ids == plain.token_ids[:8] and short.finish == "length"
+
+
+@pytest.mark.skipif("amx_int8" not in cpu_flags(), reason="no AMX on this CPU")
+def test_amx_cpu_loads_with_repacked_weights_and_no_amx_kernels():
+    """On an AMX CPU `make setup` compiles ggml's AMX kernels out (their matmul crashes in the
+    pinned llama.cpp) so that models keep llama.cpp's repacked AVX-512 weights. Checked in a
+    child process, since the crash is a segfault: the build has no AMX kernels, a model loads
+    with extra buffer types on and decodes, and a repacked buffer was actually made."""
+    assert not amx_kernels_built() and repack()
+    code = (
+        "import draftsman\n"
+        "import ctypes\n"
+        "from draftsman.backends.llama_cpp import install_dir\n"
+        "cpu = ctypes.CDLL(str(install_dir() / 'lib' / 'libggml-cpu.so'))\n"
+        "assert cpu.ggml_cpu_has_amx_int8() == 0\n"
+        f"e = draftsman.load({SMOL!r}, backend='llama.cpp')\n"
+        "print(e.generate('def fibonacci(n):', max_new_tokens=24).new_tokens)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "DRAFTSMAN_LLAMA_CPP_VERBOSE": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) > 0
+    assert "REPACK" in done.stderr, done.stderr[-2000:]

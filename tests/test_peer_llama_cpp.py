@@ -70,7 +70,7 @@ def test_parse_refuses_incomplete_output(stdout: str, stderr: str, message: str)
 def _fake_peer(monkeypatch: pytest.MonkeyPatch, stdout: str, calls: list[list[str]],
                files: list[str]) -> peer.LlamaCppLookupPeer:
     monkeypatch.setattr(peer, "ensure_binary", lambda name: Path("/bin") / name)
-    monkeypatch.setattr(peer, "has_amx", lambda: False)
+    monkeypatch.setattr(peer, "repack", lambda: True)
 
     def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
         calls.append(cmd)

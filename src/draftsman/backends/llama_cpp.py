@@ -22,6 +22,7 @@ The shared libraries are built once by scripts/build_llama_cpp.sh into `<venv>/l
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import sys
 import threading
@@ -70,19 +71,45 @@ _lib: Any = None
 _log_callback: Any = None
 
 
-def has_amx() -> bool:
-    """Whether this CPU has AMX. A native build then places weights in ggml's AMX "extra
-    buffer type", whose matmul crashes in the pinned llama.cpp (a segfault in
-    ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824); on such CPUs models load without
-    extra buffer types (`use_extra_bufts`, llama.cpp's `--no-repack`). Elsewhere they stay on."""
-    return "amx_int8" in cpu_flags()
+def build_info() -> dict[str, Any]:
+    """How scripts/build_llama_cpp.sh built llama.cpp here (its build-info.json): version,
+    extra compiler flags, whether ggml's AMX kernels are in. Builds that predate the file:
+    native, AMX kernels in wherever the CPU has AMX."""
+    try:
+        return json.loads((install_dir() / "build-info.json").read_text())
+    except (OSError, ValueError):
+        return {"native": True, "extra_flags": "", "amx_kernels": "amx_int8" in cpu_flags()}
+
+
+def amx_kernels_built() -> bool:
+    """Whether this llama.cpp has ggml's AMX kernels. They place weights in an AMX "extra
+    buffer type" whose matmul crashes in the pinned llama.cpp (a segfault in
+    ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824), so such a build loads models
+    without extra buffer types (`use_extra_bufts`, `--no-repack`), losing the repacked
+    AVX-512 weights too. `make setup` compiles them out on AMX CPUs instead (the build
+    script), which keeps repacking on: llama.cpp at its best that is stable."""
+    return bool(build_info().get("amx_kernels"))
+
+
+def repack() -> bool:
+    """Whether models load with llama.cpp's repacked (extra buffer type) weights."""
+    return not amx_kernels_built()
+
+
+def describe_build() -> dict[str, Any]:
+    """What a results row records about the llama.cpp it ran."""
+    info = build_info()
+    return {"version": info.get("version"), "native": info.get("native"),
+            "extra_flags": info.get("extra_flags", ""), "amx_kernels": amx_kernels_built(),
+            "repack": repack()}
 
 
 def model_params(lib: Any) -> Any:
-    """llama.cpp model parameters for the CPU: no GPU layers; no AMX buffers (see has_amx)."""
+    """llama.cpp model parameters for the CPU: no GPU layers; repacked weights unless the
+    build has the AMX kernels (see amx_kernels_built)."""
     params = lib.llama_model_default_params()
     params.n_gpu_layers = 0
-    if has_amx():
+    if not repack():
         params.use_extra_bufts = False
     return params
 

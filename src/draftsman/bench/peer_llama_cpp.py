@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftsman.backends.llama_cpp import has_amx, install_dir, llama, model_params
+from draftsman.backends.llama_cpp import install_dir, llama, model_params, repack
 from draftsman.bench.contestants import Contestant, Outcome, Sampling, clip_new_tokens
 from draftsman.errors import BackendError, InvalidArgumentError
 
@@ -157,7 +157,7 @@ class LlamaCppProgramPeer(Contestant):
             cmd = [str(self.program), "-m", str(self.target), "-f", str(path),
                    "--temp", "0", "-t", str(self.threads), "-tb", str(self.threads),
                    "-c", str(len(prompt_ids) + sampling.max_new_tokens + 64), "--seed", "0",
-                   *self.arguments(sampling)] + (["--no-repack"] if has_amx() else [])
+                   *self.arguments(sampling)] + ([] if repack() else ["--no-repack"])
             r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=tmp)
         if r.returncode != 0:
             raise BackendError(f"{self.binary} failed ({r.returncode}): "

@@ -164,8 +164,12 @@ def cpu_isa() -> str:
 
 
 def machine() -> dict[str, Any]:
+    """Where a row was timed, and how the llama.cpp its llama.cpp contestants ran was built
+    (flags, AMX kernels, repacked weights: llama_cpp.describe_build)."""
+    from draftsman.backends.llama_cpp import describe_build
+
     return {"cpu": cpu_model(), "isa": cpu_isa(), "cores": os.cpu_count(),
-            "torch": torch.__version__}
+            "torch": torch.__version__, "llama_cpp": describe_build()}
 
 
 def git_commit() -> str | None:
