@@ -8,9 +8,9 @@ sweep streams the weights from memory, as a decode step does). Kernels are timed
 - onednn-int8: int8 weights x int8 activations per row (quant_linear.OneDnnInt8Matrix);
 - int8pack: PyTorch's weight-only int8 (`_weight_int8pack_mm`, bf16 activations);
 - int4pack: PyTorch's weight-only int4 groups of 32 (`_weight_int4pack_mm_for_cpu`);
-- kquant-q4k: draftsman's K-quant kernel on Q4_K blocks (where it builds), its widest path
-  (`kquant_isa`); kquant-q4k-avx2 beside it where that is AVX-512, to show what the wide
-  path gains;
+- kquant-q4k: draftsman's K-quant kernel on Q4_K blocks (where it builds), its widest vector
+  path (`kquant_isa`); kquant-q4k-avx2 beside it where that is AVX-512, and kquant-q4k-amx
+  (the same blocks repacked for AMX-INT8 tiles) where the CPU has AMX;
 - bf16: a dense bf16 matmul.
 Writes one JSON line per (kernel, k) with the CPU's name and flags.
 
@@ -32,10 +32,11 @@ import numpy as np
 import torch
 
 from draftsman.hardware import cpu_flags, cpu_model
-from draftsman.kernels.native import kquant_available, kquant_isa
+from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa
 from draftsman.models.quant_linear import (
     Int4Matrix,
     Int8Matrix,
+    KQuantAmxMatrix,
     KQuantMatrix,
     OneDnnInt8Matrix,
     decode_int4,
@@ -63,6 +64,8 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
         kernels["kquant-q4k"] = []
         if kquant_isa() != "avx2":
             kernels["kquant-q4k-avx2"] = []
+        if kquant_amx():
+            kernels["kquant-q4k-amx"] = []
     for _ in range(count):
         blocks = q4k_blocks(n, k, rng)
         w = torch.from_numpy(rng.standard_normal((n, k), dtype=np.float32)) * 0.02
@@ -72,6 +75,8 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
         kernels["bf16"].append(torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16))
         if "kquant-q4k" in kernels:
             kernels["kquant-q4k"].append(KQuantMatrix([blocks]))
+        if "kquant-q4k-amx" in kernels:
+            kernels["kquant-q4k-amx"].append(KQuantAmxMatrix([blocks]))
         if "kquant-q4k-avx2" in kernels:
             rows = kernels["kquant-q4k"][-1].blocks
             kernels["kquant-q4k-avx2"].append(

@@ -16,7 +16,7 @@ from gguf.quants import dequantize
 from test_quant import random_blocks
 
 from draftsman.hardware import cpu_flags
-from draftsman.kernels.native import kquant_available, kquant_isa, simd_flags
+from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, simd_flags
 
 pytestmark = pytest.mark.skipif(not kquant_available(), reason="no C++ compiler here")
 
@@ -128,3 +128,68 @@ def test_fake_kernel_gives_the_real_shape_and_dtype():
         fake = torch.ops.draftsman.kquant_mm(mode.from_tensor(xb), mode.from_tensor(rows),
                                              int(Q.Q4_K))
     assert fake.shape == real.shape and fake.dtype == real.dtype
+
+
+amx = pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")
+
+
+def amx_mm(x: torch.Tensor, rows: np.ndarray, qtype: Q) -> torch.Tensor:
+    packed = torch.ops.draftsman.kquant_pack_amx(torch.from_numpy(rows), int(qtype))
+    return torch.ops.draftsman.kquant_amx_mm(x, packed, int(qtype), rows.shape[0])
+
+
+@amx
+@pytest.mark.parametrize("qtype", TYPES)
+def test_amx_tiles_compute_the_scalar_paths_sums(qtype):
+    """40 weight rows (two groups of 16 and a padded one), 1..37 activation rows (partial
+    and several tiles of 16), an outlier row, against the scalar path and the reference."""
+    rows = random_blocks(qtype, 40, 768, seed=5)
+    x = torch.randn(37, 768)
+    x[3] *= 100
+    slow = mm(x, rows, qtype, simd=0)
+    for m in (1, 2, 15, 16, 17, 37):
+        got = amx_mm(x[:m].contiguous(), rows, qtype)
+        torch.testing.assert_close(got, slow[:m], rtol=1e-5,
+                                   atol=1e-5 * float(slow[:m].abs().max()))
+    want = reference(x, rows, qtype)
+    got = amx_mm(x, rows, qtype).double().numpy()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@amx
+@pytest.mark.parametrize("qtype", TYPES)
+def test_amx_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype):
+    rows = random_blocks(qtype, 48, 512, seed=6)
+    x = torch.randn(21, 512)
+    alone = torch.cat([amx_mm(x[i:i + 1].contiguous(), rows, qtype) for i in range(21)])
+    threads = torch.get_num_threads()
+    try:
+        for m in (2, 5, 16, 17, 21):
+            torch.set_num_threads(1 + m % 2)
+            assert torch.equal(amx_mm(x[:m].contiguous(), rows, qtype), alone[:m]), m
+    finally:
+        torch.set_num_threads(threads)
+
+
+@amx
+@pytest.mark.parametrize("qtype", TYPES)
+def test_amx_corrupted_weights_change_the_answer_and_bf16_rounds_once(qtype):
+    rows = random_blocks(qtype, 16, 256, seed=8)
+    bad = rows.copy()
+    data = slice(16, 144) if qtype == Q.Q4_K else slice(128, 192)  # Q6_K: the high 2 bits
+    bad[:, data] = (bad[:, data] >> 4) | (bad[:, data] << 4)  # swap nibbles
+    x = torch.randn(2, 256)
+    assert not torch.allclose(amx_mm(x, rows, qtype), amx_mm(x, bad, qtype), rtol=1e-3)
+    xb = x.bfloat16()
+    assert torch.equal(amx_mm(xb, rows, qtype), amx_mm(xb.float(), rows, qtype).bfloat16())
+
+
+@amx
+def test_q4_models_take_the_tiles_on_amx():
+    from draftsman.models.quant_linear import KQuantAmxMatrix, kquant_matrix
+    from draftsman.store.gguf_blocks import BlockTensor
+
+    for qtype in TYPES:
+        rows = random_blocks(qtype, 32, 256, seed=9)
+        assert isinstance(kquant_matrix([BlockTensor("w", int(qtype), (32, 256), rows)]),
+                          KQuantAmxMatrix)

@@ -23,6 +23,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "kquant_blocks.h"
+
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
@@ -45,85 +47,10 @@
 
 namespace {
 
-constexpr int QK = 256;  // weights per super-block
-constexpr int Q4K_BYTES = 144;
-constexpr int Q6K_BYTES = 210;
-constexpr int64_t TYPE_Q4_K = 12;  // GGML type numbers
-constexpr int64_t TYPE_Q6_K = 14;
+using namespace draftsman_kquant;
+
 constexpr int PREFETCH = 2048;  // bytes ahead in a thread's weight stream (measured: 1-4 KiB alike)
 constexpr int64_t TILE_BYTES = 256 * 1024;  // quantised activation rows kept hot per tile
-
-// One 256-wide block of an activation row quantised to int8: x ~= d * q.
-struct Q8Block {
-  float d;
-  int8_t q[QK];
-  int16_t bsums[QK / 16];  // sums of q over each 16 elements
-  int16_t psums[QK / 32];  // sums of q over each 32 elements
-};
-
-float half_to_float(uint16_t h) {
-  // IEEE binary16 -> binary32, subnormals included
-  const uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {
-      exp = 127 - 15 + 1;
-      while ((man & 0x400u) == 0) {
-        man <<= 1;
-        --exp;
-      }
-      bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float read_half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return half_to_float(h);
-}
-
-void quantize_row(const float* x, int64_t k, Q8Block* out) {
-  for (int64_t b = 0; b < k / QK; ++b) {
-    const float* xb = x + b * QK;
-    float amax = 0.f;
-    for (int i = 0; i < QK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-    Q8Block& o = out[b];
-    o.d = amax / 127.f;
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int i = 0; i < QK; ++i) {
-      o.q[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
-    }
-    for (int s = 0; s < QK / 16; ++s) {
-      int sum = 0;
-      for (int i = 0; i < 16; ++i) sum += o.q[16 * s + i];
-      o.bsums[s] = static_cast<int16_t>(sum);
-    }
-    for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
-  }
-}
-
-// The 6-bit (scale, min) pair of Q4_K sub-block j.
-void q4k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
 
 // ---- scalar reference (any CPU; the tests hold the SIMD path to it) ----
 
@@ -147,18 +74,6 @@ float dot_q4k_scalar(const uint8_t* w, const Q8Block* x, int64_t nb) {
     sum += d * static_cast<float>(isum) - dmin * static_cast<float>(msum);
   }
   return sum;
-}
-
-// Q6_K element e (0..255) of one block, as 0..63.
-int q6k_value(const uint8_t* w, int e) {
-  const int half = e / 128, r = e % 128, chunk = r / 32, l = r % 32;
-  const uint8_t* ql = w + 64 * half;
-  const uint8_t* qh = w + 128 + 32 * half;
-  // chunk 0: ql[l] low, 1: ql[l+32] low, 2: ql[l] high, 3: ql[l+32] high
-  const uint8_t lb = ql[l + 32 * (chunk % 2)];
-  const int lo4 = chunk < 2 ? (lb & 15) : (lb >> 4);
-  const int hi2 = (qh[l] >> (2 * chunk)) & 3;
-  return lo4 | (hi2 << 4);
 }
 
 float dot_q6k_scalar(const uint8_t* w, const Q8Block* x, int64_t nb) {
@@ -508,19 +423,7 @@ at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, in
   const int64_t row_bytes = nb * (qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES);
   TORCH_CHECK(w.size(1) == row_bytes, "kquant_mm: w rows hold ", w.size(1), " bytes, not ",
               row_bytes);
-  std::vector<Q8Block> xq(static_cast<size_t>(m * nb));
-  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(k));
-    for (int64_t r = begin; r < end; ++r) {
-      if (bf16) {
-        const c10::BFloat16* xr = x.data_ptr<c10::BFloat16>() + r * k;
-        for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xr[i]);
-      } else {
-        std::memcpy(row.data(), x.data_ptr<float>() + r * k, sizeof(float) * k);
-      }
-      quantize_row(row.data(), k, xq.data() + r * nb);
-    }
-  });
+  const std::vector<Q8Block> xq = quantize_rows(x);
   // results in x's dtype (bf16: rounded to nearest even once, from the float32 sum)
   at::Tensor y = at::empty({m, n}, x.options());
   float* yf = bf16 ? nullptr : y.data_ptr<float>();

@@ -24,8 +24,11 @@ import torch
 
 from draftsman.store.home import draftsman_home
 
-# one library: the K-quant matrix product and the small ops around it in a decode step
-SOURCES = (Path(__file__).with_name("gguf_matmul.cpp"), Path(__file__).with_name("decode_ops.cpp"))
+# one library: the K-quant matrix products (vector paths, AMX tiles) and the small ops around
+# them in a decode step; HEADERS are part of the build's key
+SOURCES = tuple(Path(__file__).with_name(name) for name in
+                ("gguf_matmul.cpp", "gguf_matmul_amx.cpp", "decode_ops.cpp"))
+HEADERS = (Path(__file__).with_name("kquant_blocks.h"),)
 _reason: list[str] = []
 
 
@@ -48,7 +51,7 @@ def cpu_signature() -> str:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
     key.update(torch.__version__.encode())
     key.update(" ".join(simd_flags()).encode())
     key.update(cpu_signature().encode())
@@ -103,6 +106,8 @@ def _load() -> bool:
         return False
     # shapes without running the kernel, for torch.compile's tracing
     torch.library.register_fake("draftsman::kquant_mm")(_kquant_mm_fake)
+    torch.library.register_fake("draftsman::kquant_amx_mm")(
+        lambda x, packed, qtype, n: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("draftsman::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
     torch.library.register_fake("draftsman::silu_mul")(
         lambda gu: gu.new_empty((gu.shape[0], gu.shape[1] // 2)))
@@ -146,6 +151,18 @@ def unavailable_reason() -> str:
 def simd_built() -> bool:
     """Whether the loaded kernels use a SIMD path (False: the portable scalar one)."""
     return bool(simd_flags()) and kquant_available()
+
+
+@cache
+def kquant_amx() -> bool:
+    """Whether K-quant matrices run on AMX-INT8 tiles here (`draftsman::kquant_amx_mm`): the
+    build has them (an AMX CPU) and Linux granted the tile state. DRAFTSMAN_KQUANT_AMX=0
+    turns it off (to measure the vector paths on the same CPU)."""
+    if os.environ.get("DRAFTSMAN_KQUANT_AMX", "1") == "0" or not kquant_available():
+        return False
+    import ctypes
+
+    return bool(ctypes.CDLL(str(library_path())).draftsman_kquant_amx())
 
 
 @cache

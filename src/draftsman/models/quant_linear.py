@@ -40,7 +40,12 @@ import torch
 from torch import nn
 
 from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedError
-from draftsman.kernels.native import kquant_available, unavailable_reason
+from draftsman.kernels.native import (
+    kquant_amx,
+    kquant_available,
+    kquant_isa,
+    unavailable_reason,
+)
 from draftsman.models.base import DecoderLM
 from draftsman.models.llama import FUSED_LINEARS
 from draftsman.models.weight_formats import QUANT_KINDS, activation_bits, int8_kernel
@@ -144,6 +149,36 @@ class KQuantMatrix(nn.Module):
         if x.dtype not in (torch.float32, torch.bfloat16):
             return self(x.float()).to(x.dtype)
         return torch.ops.draftsman.kquant_mm(x, self.blocks, self.qtype)  # in x's dtype
+
+
+class KQuantAmxMatrix(nn.Module):
+    """Q4_K or Q6_K rows repacked once into groups of 16 for AMX-INT8 tiles
+    (`draftsman::kquant_amx_mm`, kernels/gguf_matmul_amx.cpp): the same integer sums as
+    KQuantMatrix, 16 activation rows x 16 weight rows x one sub-block per instruction, so
+    verifying many rows costs little more than one. Batch invariant like every kernel here."""
+
+    def __init__(self, blocks: list[BlockTensor]) -> None:
+        super().__init__()
+        rows = KQuantMatrix(blocks).blocks
+        self.qtype = blocks[0].qtype
+        self.register_buffer("packed", torch.ops.draftsman.kquant_pack_amx(rows, self.qtype))
+        self.out_features = rows.shape[0]
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        if not kquant_amx():
+            raise UnsupportedError("this process cannot run AMX tiles (kquant_amx is False)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return self(x.float()).to(x.dtype)
+        return torch.ops.draftsman.kquant_amx_mm(x, self.packed, self.qtype, self.out_features)
+
+
+def kquant_matrix(blocks: list[BlockTensor]) -> nn.Module:
+    """K-quant blocks on AMX tiles where this CPU has them (native.kquant_amx), else on the
+    vector paths."""
+    return KQuantAmxMatrix(blocks) if kquant_amx() else KQuantMatrix(blocks)
 
 
 class Int4Matrix(nn.Module):
@@ -303,7 +338,7 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
 
     def flush() -> None:
         if native:
-            parts.append(KQuantMatrix(native[:]))
+            parts.append(kquant_matrix(native[:]))
             native.clear()
         if int4:
             parts.append(Int4Matrix(Int4Rows(*(torch.cat(xs) for xs in zip(
@@ -318,7 +353,8 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
             summary["float -> int8 per row"] += 1
             int8.append(src.float())
         elif kind == "q4" and takes_native(src):
-            summary[f"{src.type_name} -> {src.type_name} kernel (as stored)"] += 1
+            path = "AMX tiles" if kquant_amx() else kquant_isa()
+            summary[f"{src.type_name} -> {src.type_name} kernel (as stored, {path})"] += 1
             if int4 or int8 or (native and native[0].qtype != src.qtype):
                 flush()
             native.append(src)

@@ -1,0 +1,414 @@
+// y = x W^T for Q4_K and Q6_K matrices on AMX-INT8 tiles (Sapphire Rapids and later Xeons).
+//
+// The vector paths (gguf_matmul.cpp) take one weight row at a time and spend a few
+// instructions per 64 weights per activation row, so verifying 16 rows costs ~3 single-row
+// forwards. A tile multiply (`tdpbsud`) takes 16 activation rows x 16 weight rows x one
+// sub-block (32 weights for Q4_K, 16 for Q6_K) in one instruction; what is left per
+// activation row is the sub-block scales, applied to 16 columns at a time.
+//
+// Weights are repacked once at load (`kquant_pack_amx`) into groups of 16 weight rows, each
+// 256-wide block of a group in one record. B operands are in AMX's VNNI layout: K/4 rows of
+// 16 columns x 4 consecutive weights. Q4_K, 2368 bytes (2.8% more than the 16 blocks):
+//   [0, 32)      d, f16 x 16 columns
+//   [32, 64)     dmin, f16 x 16
+//   [64, 192)    sub-block scales, u8 [8 sub-blocks][16 columns]
+//   [192, 320)   sub-block mins, u8 [4 pairs t][16 columns][m_2t, m_2t+1]
+//   [320, 2368)  nibbles, u8 [4 pairs p][8 k-rows r][16 columns][4]: byte (p, r, c, i) is
+//                the GGUF's byte 32p + 4r + i of column c's block: its low nibble is element
+//                4r + i of sub-block 2p, its high nibble the same element of sub-block 2p + 1.
+// Q6_K, 3360 bytes (exactly the 16 blocks):
+//   [0, 32)      d, f16 x 16
+//   [32, 288)    sub-block scales, s8 [16 sub-blocks][16 columns]
+//   [288, 2336)  low 4 bits, u8 [8 pairs p][4 k-rows][16 columns][4]: sub-block 2p low
+//                nibble, 2p + 1 high
+//   [2336, 3360) high 2 bits, u8 [4 quads u][4 k-rows][16 columns][4]: bits 2s, 2s + 1 of
+//                sub-block 4u + s
+//
+// Per block, activation row m and column n (all exact in int32), C_j = sum over sub-block j
+// of x_q[m, k] * q[n, k]:
+//   Q4_K: isum = sum_j sc_j[n] C_j,  msum = sum_j m_j[n] psum_j[m],
+//         acc += (d[n] d_x[m]) isum,  accm += (dmin[n] d_x[m]) msum,  y = acc - accm
+//   Q6_K: isum = sum_j sc_j[n] C_j - 32 sum_j sc_j[n] bsum_j[m],  acc += (d[n] d_x[m]) isum
+// Invariant (batch invariance): row m's arithmetic, in this order, is the same whatever
+// other rows share its tile, so a row's output is the same alone or in any batch and thread
+// count.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kquant_blocks.h"
+
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__) && \
+    defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define DRAFTSMAN_AMX 1
+#else
+#define DRAFTSMAN_AMX 0
+#endif
+
+namespace {
+
+using namespace draftsman_kquant;
+
+constexpr int COLS = 16;       // weight rows per group: a tile's 16 int32 columns
+constexpr int TILE_ROWS = 16;  // activation rows per tile
+// Fewer rows than this take vpdpbusd instead of tiles (same exact sums; measured faster at
+// 1-2 rows, where unpacked weights meet too few rows to pay a tile's load and store)
+constexpr int MIN_TILE_ROWS = 3;
+constexpr int OFF_D = 0, OFF_DMIN = 32, OFF_SC = 64, OFF_MIN = 192, OFF_Q = 320;
+constexpr int RECORD = 2368;  // Q4_K bytes per (group, block)
+constexpr int Q6_OFF_D = 0, Q6_OFF_SC = 32, Q6_OFF_QL = 288, Q6_OFF_QH = 2336;
+constexpr int Q6_RECORD = 3360;
+
+int record_bytes(int64_t qtype) { return qtype == TYPE_Q4_K ? RECORD : Q6_RECORD; }
+
+void pack_q4k(const uint8_t* blk, int c, uint8_t* rec) {
+  std::memcpy(rec + OFF_D + 2 * c, blk, 2);
+  std::memcpy(rec + OFF_DMIN + 2 * c, blk + 2, 2);
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    q4k_scale_min(blk + 4, j, &sc, &m);
+    rec[OFF_SC + COLS * j + c] = static_cast<uint8_t>(sc);
+    rec[OFF_MIN + 2 * COLS * (j / 2) + 2 * c + j % 2] = static_cast<uint8_t>(m);
+  }
+  for (int p = 0; p < 4; ++p) {
+    for (int l = 0; l < 32; ++l) rec[OFF_Q + 512 * p + 64 * (l / 4) + 4 * c + l % 4] = blk[16 + 32 * p + l];
+  }
+}
+
+void pack_q6k(const uint8_t* blk, int c, uint8_t* rec) {
+  std::memcpy(rec + Q6_OFF_D + 2 * c, blk + 208, 2);
+  for (int j = 0; j < 16; ++j) {
+    rec[Q6_OFF_SC + COLS * j + c] = blk[192 + j];
+    for (int t = 0; t < 16; ++t) {
+      const int q = q6k_value(blk, 16 * j + t), r = t / 4, i = t % 4;
+      rec[Q6_OFF_QL + 256 * (j / 2) + 64 * r + 4 * c + i] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
+      rec[Q6_OFF_QH + 256 * (j / 4) + 64 * r + 4 * c + i] |= static_cast<uint8_t>((q >> 4) << (2 * (j % 4)));
+    }
+  }
+}
+
+at::Tensor kquant_pack_amx(const at::Tensor& w, int64_t qtype) {
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_pack_amx: qtype must be Q4_K or Q6_K");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "kquant_pack_amx: w must be a contiguous uint8 [N, bytes] tensor of K-quant rows");
+  const int64_t block = qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES;
+  TORCH_CHECK(w.size(1) % block == 0, "kquant_pack_amx: rows of ", w.size(1),
+              " bytes are not whole blocks");
+  const int64_t n = w.size(0), nb = w.size(1) / block, groups = (n + COLS - 1) / COLS;
+  const int rec_bytes = record_bytes(qtype);
+  // padded columns stay zero: d = dmin = 0, so they compute 0 and are never written out
+  at::Tensor out = at::zeros({groups, nb * rec_bytes}, w.options());
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* rec = dst + (g * nb + b) * rec_bytes;
+        for (int c = 0; c < COLS && g * COLS + c < n; ++c) {
+          const uint8_t* blk = src + (g * COLS + c) * w.size(1) + b * block;
+          if (qtype == TYPE_Q4_K) {
+            pack_q4k(blk, c, rec);
+          } else {
+            pack_q6k(blk, c, rec);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+#if DRAFTSMAN_AMX
+// Linux hands out AMX state on request, once per process (arch_prctl ARCH_REQ_XCOMP_PERM).
+bool amx_permitted() {
+  static const bool ok = [] {
+    constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Two pipelines of (C, A, B) tiles: tmm0/3 C, `rows` x 16 int32; tmm1/4 A, `rows` x one
+// sub-block of `width` int8; tmm2/5 B, width / 4 x 64 (width k x 16 columns in VNNI order).
+// Tile state is per thread: each thread configures its own.
+void configure(int rows, int width) {
+  TileConfig cfg;
+  for (int t : {0, 3}) {
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = 64;
+    cfg.rows[t + 1] = static_cast<uint8_t>(rows);
+    cfg.colsb[t + 1] = static_cast<uint16_t>(width);
+    cfg.rows[t + 2] = static_cast<uint8_t>(width / 4);
+    cfg.colsb[t + 2] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// cbuf[j] = C_j for sub-blocks j < count (even), two tile products in flight at a time.
+// x: sub-block 0 of the first activation row (rows xstride bytes apart); bq: B operands,
+// 16 * width bytes each.
+void sub_block_products(const uint8_t* x, int64_t xstride, int width, const uint8_t* bq,
+                        int count, int32_t* cbuf) {
+  for (int j = 0; j < count; j += 2) {
+    _tile_loadd(1, x + width * j, xstride);
+    _tile_loadd(2, bq + 16 * width * j, 64);
+    _tile_loadd(4, x + width * (j + 1), xstride);
+    _tile_loadd(5, bq + 16 * width * (j + 1), 64);
+    _tile_zero(0);
+    _tile_zero(3);
+    _tile_dpbsud(0, 1, 2);  // signed activations x unsigned weights
+    _tile_dpbsud(3, 4, 5);
+    _tile_stored(0, cbuf + TILE_ROWS * COLS * j, 64);
+    _tile_stored(3, cbuf + TILE_ROWS * COLS * (j + 1), 64);
+  }
+}
+
+// The same C_j with AVX-512 VNNI (vpdpbusd: 4 unsigned weights x 4 signed activations into
+// each column's int32 lane), for the few rows where a tile's fixed cost does not pay. The
+// sums are exact integers either way, so a row's output does not depend on which ran.
+void sub_block_products_vnni(const uint8_t* x, int64_t xstride, int rows, int width,
+                             const uint8_t* bq, int count, int32_t* cbuf) {
+  for (int j = 0; j < count; ++j) {
+    const uint8_t* b = bq + 16 * width * j;
+    for (int m = 0; m < rows; ++m) {
+      const uint8_t* xm = x + m * xstride + width * j;
+      __m512i c = _mm512_setzero_si512();
+      for (int r = 0; r < width / 4; ++r) {
+        int32_t four;
+        std::memcpy(&four, xm + 4 * r, 4);
+        c = _mm512_dpbusd_epi32(c, _mm512_load_si512(b + 64 * r), _mm512_set1_epi32(four));
+      }
+      _mm512_store_si512(cbuf + TILE_ROWS * COLS * j + COLS * m, c);
+    }
+  }
+}
+
+void prefetch_record(const uint8_t* w, int bytes) {
+  for (int o = 0; o < bytes; o += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + 2 * bytes + o, _MM_HINT_T0);
+  }
+}
+
+// One group of 16 Q4_K weight rows against `rows` (<= 16) activation rows starting at x;
+// out[m * 16 + c] for m < rows, c < 16.
+void q4k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bool tiles, float* out) {
+  alignas(64) uint8_t bq[8][8 * 64];               // the 8 sub-blocks' B operands
+  alignas(64) int32_t cbuf[8][TILE_ROWS * COLS];   // C_j for every sub-block j
+  alignas(64) float acc[TILE_ROWS][COLS], accm[TILE_ROWS][COLS];
+  std::memset(acc, 0, sizeof(acc));
+  std::memset(accm, 0, sizeof(accm));
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const int64_t xstride = nb * static_cast<int64_t>(sizeof(Q8Block));
+  for (int64_t b = 0; b < nb; ++b, w += RECORD) {
+    prefetch_record(w, RECORD);
+    for (int p = 0; p < 4; ++p) {
+      for (int r = 0; r < 8; ++r) {
+        const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
+        _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_and_si512(v, low4));
+        _mm512_store_si512(bq[2 * p + 1] + 64 * r, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+      }
+    }
+    const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b) + offsetof(Q8Block, q);
+    if (tiles) {
+      sub_block_products(xq, xstride, 32, bq[0], 8, cbuf[0]);
+    } else {
+      sub_block_products_vnni(xq, xstride, rows, 32, bq[0], 8, cbuf[0]);
+    }
+    __m512i sc[8], mins[4];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + OFF_SC + 16 * j)));
+    }
+    for (int t = 0; t < 4; ++t) {
+      mins[t] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_MIN + 32 * t)));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_D)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_DMIN)));
+    for (int m = 0; m < rows; ++m) {
+      const Q8Block& xb = x[m * nb + b];
+      __m512i isum = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(cbuf[j] + COLS * m), sc[j]));
+      }
+      __m512i msum = _mm512_setzero_si512();
+      for (int t = 0; t < 4; ++t) {
+        int32_t pair;
+        std::memcpy(&pair, xb.psums + 2 * t, 4);  // (psum_2t, psum_2t+1) as two int16
+        msum = _mm512_dpwssd_epi32(msum, mins[t], _mm512_set1_epi32(pair));
+      }
+      const __m512 dx = _mm512_set1_ps(xb.d);
+      _mm512_store_ps(acc[m], _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum),
+                                              _mm512_load_ps(acc[m])));
+      _mm512_store_ps(accm[m], _mm512_fmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum),
+                                               _mm512_load_ps(accm[m])));
+    }
+  }
+  for (int m = 0; m < rows; ++m) {
+    _mm512_storeu_ps(out + COLS * m, _mm512_sub_ps(_mm512_load_ps(acc[m]), _mm512_load_ps(accm[m])));
+  }
+}
+
+// One group of 16 Q6_K weight rows against `rows` (<= 16) activation rows starting at x.
+void q6k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bool tiles, float* out) {
+  alignas(64) uint8_t bq[16][4 * 64];              // the 16 sub-blocks' B operands
+  alignas(64) int32_t cbuf[16][TILE_ROWS * COLS];
+  alignas(64) float acc[TILE_ROWS][COLS];
+  std::memset(acc, 0, sizeof(acc));
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const __m512i hi2 = _mm512_set1_epi8(0x30);
+  const int64_t xstride = nb * static_cast<int64_t>(sizeof(Q8Block));
+  for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
+    prefetch_record(w, Q6_RECORD);
+    for (int p = 0; p < 8; ++p) {
+      // sub-blocks 2p, 2p + 1 take bits (2s, 2s + 1) of the quad byte, s = 2 (p % 2) (+ 1),
+      // moved to bits 4..5: << 4, << 2, >> 0, >> 2 for s = 0..3
+      const int s = 2 * (p % 2);
+      for (int r = 0; r < 4; ++r) {
+        const __m512i v = _mm512_loadu_si512(w + Q6_OFF_QL + 256 * p + 64 * r);
+        const __m512i h = _mm512_loadu_si512(w + Q6_OFF_QH + 256 * (p / 2) + 64 * r);
+        const __m512i ha = s == 0 ? _mm512_slli_epi16(h, 4) : h;
+        const __m512i hb = s == 0 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
+        _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_or_si512(_mm512_and_si512(v, low4),
+                                                              _mm512_and_si512(ha, hi2)));
+        _mm512_store_si512(bq[2 * p + 1] + 64 * r,
+                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4),
+                                           _mm512_and_si512(hb, hi2)));
+      }
+    }
+    const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b) + offsetof(Q8Block, q);
+    if (tiles) {
+      sub_block_products(xq, xstride, 16, bq[0], 16, cbuf[0]);
+    } else {
+      sub_block_products_vnni(xq, xstride, rows, 16, bq[0], 16, cbuf[0]);
+    }
+    __m512i sc[16], pairs[8];
+    for (int j = 0; j < 16; ++j) {
+      sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j)));
+    }
+    for (int t = 0; t < 8; ++t) {  // (sc_2t, sc_2t+1) per column, as int16 pairs
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 32 * t));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 32 * t + 16));
+      pairs[t] = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, c), _mm_unpacklo_epi8(a, c)));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
+    for (int m = 0; m < rows; ++m) {
+      const Q8Block& xb = x[m * nb + b];
+      __m512i isum = _mm512_setzero_si512();
+      for (int j = 0; j < 16; ++j) {
+        // |C_j| <= 16 * 127 * 63, |sc_j| <= 128: 16 of them fit int32
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(cbuf[j] + COLS * m), sc[j]));
+      }
+      __m512i off = _mm512_setzero_si512();
+      for (int t = 0; t < 8; ++t) {
+        int32_t pair;
+        std::memcpy(&pair, xb.bsums + 2 * t, 4);  // (bsum_2t, bsum_2t+1) as two int16
+        off = _mm512_dpwssd_epi32(off, pairs[t], _mm512_set1_epi32(pair));
+      }
+      isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(off, 5));  // the -32 of (q - 32)
+      _mm512_store_ps(acc[m], _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)),
+                                              _mm512_cvtepi32_ps(isum), _mm512_load_ps(acc[m])));
+    }
+  }
+  for (int m = 0; m < rows; ++m) _mm512_storeu_ps(out + COLS * m, _mm512_load_ps(acc[m]));
+}
+#endif
+
+bool amx_available() {
+#if DRAFTSMAN_AMX
+  return amx_permitted();
+#else
+  return false;
+#endif
+}
+
+at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n) {
+  TORCH_CHECK(amx_available(), "kquant_amx_mm: this build or CPU has no AMX-INT8 tiles");
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_amx_mm: qtype must be Q4_K or Q6_K");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(),
+              "kquant_amx_mm: x must be a contiguous float32 or bfloat16 [M, K] tensor");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "kquant_amx_mm: packed must come from kquant_pack_amx");
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % QK == 0, "kquant_amx_mm: K must be a multiple of 256");
+  const int64_t nb = k / QK, groups = packed.size(0);
+  const int rec_bytes = record_bytes(qtype);
+  TORCH_CHECK(packed.size(1) == nb * rec_bytes && n > (groups - 1) * COLS && n <= groups * COLS,
+              "kquant_amx_mm: packed holds ", groups, " groups of ", packed.size(1),
+              " bytes, not ", n, " rows of width ", k);
+  at::Tensor y = at::empty({m, n}, x.options());
+#if DRAFTSMAN_AMX
+  const std::vector<Q8Block> xq = quantize_rows(x);
+  float* yf = bf16 ? nullptr : y.data_ptr<float>();
+  c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() : nullptr;
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  // Each group of 16 output columns is one thread's work; its weights (nb records) stay in
+  // L2 while every tile of activation rows passes them (prefill: many tiles).
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    int configured = 0;
+    alignas(64) float out[TILE_ROWS * COLS];
+    for (int64_t g = begin; g < end; ++g) {
+      const int cols = static_cast<int>(std::min<int64_t>(COLS, n - g * COLS));
+      for (int64_t r0 = 0; r0 < m; r0 += TILE_ROWS) {
+        const int rows = static_cast<int>(std::min<int64_t>(TILE_ROWS, m - r0));
+        const bool tiles = rows >= MIN_TILE_ROWS;
+        if (tiles && rows != configured) {
+          configure(rows, qtype == TYPE_Q4_K ? 32 : 16);
+          configured = rows;
+        }
+        const uint8_t* wg = wp + g * nb * rec_bytes;
+        if (qtype == TYPE_Q4_K) {
+          q4k_group_tile(wg, xq.data() + r0 * nb, nb, rows, tiles, out);
+        } else {
+          q6k_group_tile(wg, xq.data() + r0 * nb, nb, rows, tiles, out);
+        }
+        for (int r = 0; r < rows; ++r) {
+          for (int c = 0; c < cols; ++c) {
+            const float v = out[COLS * r + c];
+            if (bf16) {
+              yb[(r0 + r) * n + g * COLS + c] = c10::BFloat16(v);
+            } else {
+              yf[(r0 + r) * n + g * COLS + c] = v;
+            }
+          }
+        }
+      }
+    }
+    if (configured) _tile_release();
+  });
+#endif
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(draftsman, m) {
+  m.def("kquant_pack_amx(Tensor w, int qtype) -> Tensor");
+  m.def("kquant_amx_mm(Tensor x, Tensor packed, int qtype, int n) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
+  m.impl("kquant_pack_amx", &kquant_pack_amx);
+  m.impl("kquant_amx_mm", &kquant_amx_mm);
+}
+
+// Whether K-quant matrices can run on AMX tiles here: built with AMX-INT8 and granted by Linux.
+extern "C" int draftsman_kquant_amx() { return amx_available() ? 1 : 0; }
