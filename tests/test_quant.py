@@ -30,7 +30,7 @@ from draftsman.models.quant_linear import (
     dequantize_rows,
     quantize_model,
 )
-from draftsman.models.weight_formats import parse_dtype
+from draftsman.models.weight_formats import int8_kernel, parse_dtype
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
@@ -182,15 +182,22 @@ def test_unsupported_type_is_one_clear_line():
 def use_path(monkeypatch, path: str) -> None:
     """"native": Q4_K / Q6_K on the K-quant kernel (the default where it builds);
     "packed": PyTorch's int4 / int8 kernels (no compiler, or widths not a multiple of 256)."""
-    if path == "native" and not quant_linear.kquant_available():
+    if path.startswith("native") and not quant_linear.kquant_available():
         pytest.skip("the K-quant kernel does not build here")
     if path == "packed":
         monkeypatch.setattr(quant_linear, "kquant_available", lambda: False)
+    if path == "native-vector":
+        monkeypatch.setattr(quant_linear, "kquant_amx", lambda: False)
 
 
-PATHS = {"native": (["KQuantMatrix", "KQuantMatrix"], "Q4_K -> Q4_K kernel (as stored)",
+NATIVE = "KQuantAmxMatrix" if quant_linear.kquant_amx() else "KQuantMatrix"
+INT8 = "OneDnnInt8Matrix" if int8_kernel() == "onednn" else "Int8Matrix"
+INT8_TOLERANCE = 0.05 if int8_kernel() == "onednn" else 0.02
+PATHS = {"native": ([NATIVE, NATIVE], "Q4_K -> Q4_K kernel (as stored)",
                     "Q6_K -> Q6_K kernel (as stored)"),
-         "packed": (["Int4Matrix", "Int8Matrix"], "Q4_K -> int4 (exact)",
+         "native-vector": (["KQuantMatrix", "KQuantMatrix"], "Q4_K -> Q4_K kernel (as stored)",
+                           "Q6_K -> Q6_K kernel (as stored)"),
+         "packed": (["Int4Matrix", INT8], "Q4_K -> int4 (exact)",
                     "Q6_K -> int8 per row (requantised)")}
 
 
@@ -212,13 +219,15 @@ def test_q4_forward_matches_the_dequantised_model(family, path, monkeypatch):
     want = ref(ids, pos, ref.new_cache(16)).logits
     got = q(ids, pos, q.new_cache(16)).logits
     # int8-requantised matrices differ by at most half a step per weight; the native
-    # kernel's activations are int8 per 256 (half a step of the block's largest value)
-    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    # kernel's activations are int8 per 256 (half a step of the block's largest value);
+    # on oneDNN (CPUs with VNNI/AMX) the int8 matrices round activations too, per row
+    # (half a step of the row's largest value), which this tiny random model amplifies
+    assert (got - want).abs().max() <= INT8_TOLERANCE * want.abs().max()
     # bf16 activations, scales and cache: the model users run
     qb = quantised(config, state, blocks, dtype=torch.bfloat16)
     assert qb.dtype == torch.bfloat16 and qb.new_cache(4).k.dtype == torch.bfloat16
     gotb = qb(ids, pos, qb.new_cache(16)).logits.float()
-    assert (gotb - want).abs().max() <= 0.06 * want.abs().max()
+    assert (gotb - want).abs().max() <= (INT8_TOLERANCE + 0.04) * want.abs().max()
 
 
 def test_q4_exact_types_alone_match_tightly(monkeypatch):
@@ -254,7 +263,7 @@ def test_q8_without_blocks_quantises_the_models_own_weights():
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     want = ref(ids, torch.arange(8)[None], ref.new_cache(8)).logits
     got = q(ids, torch.arange(8)[None], q.new_cache(8)).logits
-    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    assert (got - want).abs().max() <= INT8_TOLERANCE * want.abs().max()
     with pytest.raises(DraftsmanError, match="q4"):
         quantize_model(build_model(config, state, torch.float32), "q4")
 

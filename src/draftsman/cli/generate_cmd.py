@@ -13,7 +13,7 @@ from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
-from draftsman.kernels.native import kquant_available, unavailable_reason
+from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, unavailable_reason
 from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import registry
@@ -151,6 +151,9 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
     if summary:
         paths = ", ".join(f"{n} {kind}" for kind, n in summary.items())
         print(f"weights: {paths}", file=sys.stderr)
+        if any(k.endswith("kernel (as stored)") for k in summary):
+            path = "AMX-INT8 tiles" if kquant_amx() else kquant_isa()
+            print(f"kernel: K-quant blocks on {path}", file=sys.stderr)
         if getattr(engine.target.model, "fused_cpu_ops", False):
             print("ops: norms, SwiGLU and short attention on draftsman's fused CPU kernels",
                   file=sys.stderr)

@@ -40,12 +40,7 @@ import torch
 from torch import nn
 
 from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedError
-from draftsman.kernels.native import (
-    kquant_amx,
-    kquant_available,
-    kquant_isa,
-    unavailable_reason,
-)
+from draftsman.kernels.native import kquant_amx, kquant_available, unavailable_reason
 from draftsman.models.base import DecoderLM
 from draftsman.models.llama import FUSED_LINEARS
 from draftsman.models.weight_formats import QUANT_KINDS, activation_bits, int8_kernel
@@ -246,9 +241,14 @@ class OneDnnInt8Matrix(nn.Module):
         self.out_features = w.shape[0]
 
     def __getstate__(self) -> dict:
-        # the prepacked tensor is opaque to pickle (pipelined workers): send int8 rows
+        # The prepacked tensor is opaque to pickle (pipelined workers): send int8 rows. They
+        # are kept on the module: a spawned process receives a tensor as a file descriptor
+        # to its shared memory, which must outlive this call (a temporary's is closed before
+        # the child starts: "bad value(s) in fds_to_keep").
+        if getattr(self, "_rows", None) is None:
+            self._rows = self.packed.to_dense().T.contiguous()
         state = self.__dict__.copy()
-        state["packed"] = self.packed.to_dense().T.contiguous()
+        state["packed"], state["_rows"] = self._rows, None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -353,8 +353,7 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
             summary["float -> int8 per row"] += 1
             int8.append(src.float())
         elif kind == "q4" and takes_native(src):
-            path = "AMX tiles" if kquant_amx() else kquant_isa()
-            summary[f"{src.type_name} -> {src.type_name} kernel (as stored, {path})"] += 1
+            summary[f"{src.type_name} -> {src.type_name} kernel (as stored)"] += 1
             if int4 or int8 or (native and native[0].qtype != src.qtype):
                 flush()
             native.append(src)
