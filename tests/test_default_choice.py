@@ -227,3 +227,38 @@ def test_serve_takes_the_measured_default_when_there_is_one(target, tmp_path, mo
                                                                    "gamma": "3"})
     settings = serve_settings(target, monkeypatch, "--method", "autoregressive")
     assert settings.method == "autoregressive"
+
+
+# ---- backend and dtype by measurement ---------------------------------------------------------
+
+def test_fastest_here_compares_backends_and_dtypes(tmp_path):
+    path = tmp_path / "d.json"
+    for kw in (dict(backend="llama.cpp", numerics="fast", tokens_per_second=14.0),
+               dict(backend="torch", numerics="q8", tokens_per_second=26.8),
+               dict(backend="torch", numerics="q4", tokens_per_second=20.0),
+               dict(backend="llama.cpp", numerics="bitwise", tokens_per_second=30.0),
+               dict(cpu="CPU-B", backend="torch", numerics="bf16", tokens_per_second=99.0),
+               dict(target="other", backend="torch", numerics="fp32", tokens_per_second=99.0)):
+        dm.write_record(record(**kw), path)
+    best = dm.fastest_here("tgt", "fast", cpu="CPU-A", path=path)
+    assert (best.backend, best.numerics) == ("torch", "q8")
+    best = dm.fastest_here("tgt", "bitwise", cpu="CPU-A", path=path)
+    assert (best.backend, best.numerics) == ("llama.cpp", "bitwise")
+    assert dm.fastest_here("tgt", cpu="CPU-C", path=path) is None
+
+
+def test_auto_without_a_dtype_loads_what_was_measured_fastest(target, tmp_path, monkeypatch):
+    from draftsman import engine as engine_module
+
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
+    assert draftsman.load(str(target)).numerics_key == "bf16"  # no record: the rule
+    dm.write_record(dm.measured_now(str(target), "torch", "fp32",
+                                    "speculative:draft=ngram,gamma=2", 99.0))
+    engine = draftsman.load(str(target))
+    assert engine.numerics_key == "fp32" and "measured fastest here" in engine.backend_reason
+    assert engine.generate("the cat", chat=False, max_new_tokens=4).method == "speculative"
+    # an explicit dtype, backend or method is honoured, not overridden by the record
+    assert draftsman.load(str(target), dtype="bf16").numerics_key == "bf16"
+    assert "measured" not in draftsman.load(str(target), backend="torch").backend_reason
+    assert engine_module.measured_configuration(
+        str(target), "fast", [("autoregressive", {})]) is None

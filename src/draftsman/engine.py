@@ -36,7 +36,14 @@ from draftsman.models.weight_formats import gguf_source, is_quantised, parse_dty
 from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.base import check_fits
-from draftsman.strategies.default_method import DEFAULT, DefaultChoice, resolve_default, split_spec
+from draftsman.strategies.default_method import (
+    DEFAULT,
+    DefaultChoice,
+    Measured,
+    fastest_here,
+    resolve_default,
+    split_spec,
+)
 from draftsman.text.stops import StopMatcher
 from draftsman.text.stream import TextStream
 from draftsman.text.tokenizer import Tokenizer, check_same_vocabulary
@@ -404,7 +411,7 @@ def load(
     target: str | Path = DEFAULT_TARGET,
     *,
     draft: str | None = None,
-    dtype: str = DEFAULT_DTYPE,
+    dtype: str | None = None,
     threads: int | None = None,
     backend: str = AUTO,
     numerics: str = "fast",
@@ -412,10 +419,13 @@ def load(
     device: str | torch.device | None = "auto",
     static: bool = False,
 ) -> Engine:
-    """Load `target` (and `draft`) once. `backend="auto"` picks llama.cpp on a machine
-    without a CUDA GPU when the models have a GGUF, `dtype` is the default and llama.cpp
-    runs every one of `methods` ((name, options) pairs you mean to run; none: the default
-    method, which runs on both); else torch. `engine.backend_reason` says why. `device`:
+    """Load `target` (and `draft`) once. `backend="auto"` with no `dtype` and only the
+    default method runs what `draftsman bench` measured fastest on this CPU, backend and
+    dtype (default_method.fastest_here); without a record, or otherwise, it picks llama.cpp
+    on a machine without a CUDA GPU when the models have a GGUF, `dtype` is bf16 (None
+    means bf16) and llama.cpp runs every one of `methods` ((name, options) pairs you mean
+    to run; none: the default method, which runs on both); else torch, in `dtype`.
+    `engine.backend_reason` says why. `device`:
     auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N; a GPU that is
     not there is a DeviceError. `static`: fixed-shape decode and verify steps, replayed as
     CUDA graphs on a GPU (torch only; `backend="auto"` then means torch)."""
@@ -425,8 +435,16 @@ def load(
     check_static(static, backend)
     if threads is not None and threads < 1:
         raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
+    measured = None
+    if backend == AUTO and dtype is None and device in (None, "auto", "cpu"):
+        measured = measured_configuration(str(target), numerics, methods)
+        if measured is not None:
+            backend, dtype = measured.backend, measured_dtype(measured)
+    dtype = DEFAULT_DTYPE if dtype is None else dtype
     torch_dtype = parse_dtype(dtype)
     choice = pick_backend(target, backend, dtype=str(dtype), draft=draft, methods=methods)
+    if measured is not None:
+        choice = BackendChoice(choice.backend, measured_reason(measured))
     check_backend(choice.backend, numerics)
     placed = pick_device(device, choice.backend, dtype)
     if threads is not None:
@@ -438,8 +456,29 @@ def load(
     return engine
 
 
+def measured_configuration(target: str, numerics: str,
+                           methods: Sequence[MethodSpec]) -> Measured | None:
+    """This machine's fastest recorded configuration for `target`, when the backend and the
+    dtype are left to `auto` and only the `default` method is to run (a named method is run
+    where the rule puts it), on a CPU (the records time CPUs)."""
+    if any(name != DEFAULT for name, _ in methods) or torch.cuda.is_available():
+        return None
+    return fastest_here(target, numerics)
+
+
+def measured_dtype(record: Measured) -> str:
+    return record.numerics if record.backend == "torch" else DEFAULT_DTYPE
+
+
+def measured_reason(record: Measured) -> str:
+    what = record.backend + (f" {record.numerics}" if record.backend == "torch" else "")
+    when = f" on {record.measured_at}" if record.measured_at else ""
+    return (f"{what} with {record.spec} measured fastest here by draftsman bench{when} "
+            f"({record.tokens_per_second:.1f} tok/s); pass --backend or --dtype to choose")
+
+
 def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = None,
-             dtype: str = DEFAULT_DTYPE, backend: str = AUTO, device: str = "auto",
+             dtype: str | None = None, backend: str = AUTO, device: str = "auto",
              static: bool = False, **kwargs: Any) -> Result:
     method = kwargs.get("method", DEFAULT)
     options = {k: v for k, v in kwargs.items() if k not in _PREPARE_KEYS}

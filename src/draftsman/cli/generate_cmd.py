@@ -26,10 +26,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="catalogue name, model folder, .gguf file or hf:owner/name "
                              f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES,
-                        help="weights: bf16 (default), fp32, or q4 / q8 weight-only on packed "
-                             "CPU kernels fed the GGUF's own blocks (bf16 activations; "
-                             "int8 = q8); fp32, q4 or q8 also make --backend auto choose torch")
+    parser.add_argument("--dtype", default=None, choices=DTYPE_CHOICES,
+                        help="weights: bf16, fp32, or q4 / q8 on integer CPU kernels fed the "
+                             "GGUF's own blocks (int8 = q8); fp32, q4 or q8 also make "
+                             "--backend auto choose torch. Default: with --backend auto, the "
+                             "backend and dtype `draftsman bench` measured fastest on this "
+                             "CPU (--verbose says which record), else bf16")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for PyTorch / llama.cpp (default: all cores)")
     parser.add_argument("--backend", default=AUTO, choices=list(CHOICES),

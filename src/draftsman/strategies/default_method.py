@@ -1,4 +1,5 @@
 """`--method default`: the fastest exact configuration this machine measured, else a constant.
+With `--backend auto` and no --dtype, the backend and dtype too (`fastest_here`).
 
 `draftsman bench` records, at the end of a greedy run, the exact draftsman configuration with
 the best overall tokens/s, keyed by (CPU model, target, backend, numerics), in
@@ -108,6 +109,23 @@ def lookup(target: str, backend: str, numerics: str, *, cpu: str | None = None,
            path: Path | None = None, warn: Warn = _stderr) -> Measured | None:
     key = (cpu or cpu_model(), target, backend, numerics)
     return next((r for r in read_records(path, warn) if r.key() == key), None)
+
+
+TORCH_NUMBER_FORMATS = ("bf16", "fp32", "q4", "q8")  # a torch record's numerics is its dtype
+
+
+def fastest_here(target: str, numerics: str = "fast", *, cpu: str | None = None,
+                 path: Path | None = None, warn: Warn = _stderr) -> Measured | None:
+    """This machine's fastest recorded configuration for `target` across backends and torch
+    dtypes (what `--backend auto` without --dtype runs, engine.load): torch records in any
+    number format, llama.cpp records in the `numerics` mode asked for. Records from runs over
+    other prompts compare roughly; `bench --preset cpu` times the same prompts for each."""
+    cpu = cpu or cpu_model()
+    mine = [r for r in read_records(path, warn)
+            if r.cpu == cpu and r.target == target
+            and ((r.backend == "torch" and r.numerics in TORCH_NUMBER_FORMATS)
+                 or (r.backend == "llama.cpp" and r.numerics == numerics))]
+    return max(mine, key=lambda r: r.tokens_per_second, default=None)
 
 
 def resolve_default(target: str, backend: str, numerics: str, *, cpu: str | None = None,
