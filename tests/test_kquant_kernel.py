@@ -85,18 +85,24 @@ def test_the_widest_path_is_the_one_the_cpu_allows():
     assert kquant_isa() == want
 
 
-@pytest.mark.parametrize("qtype", TYPES)
-def test_every_row_is_the_same_alone_in_any_batch_and_thread_count(qtype):
-    rows = random_blocks(qtype, 48, 512, seed=3)
-    x = torch.randn(11, 512)
-    alone = torch.cat([mm(x[i:i + 1].contiguous(), rows, qtype) for i in range(11)])
+def assert_batch_invariant(kernel, qtype: Q, sizes: tuple[int, ...], seed: int) -> None:
+    """Every row of `kernel(x, rows, qtype)` is bit-identical computed alone, in a batch of
+    each size, on 1 or 2 threads."""
+    rows = random_blocks(qtype, 48, 512, seed=seed)
+    x = torch.randn(max(sizes), 512)
+    alone = torch.cat([kernel(x[i:i + 1].contiguous(), rows, qtype) for i in range(len(x))])
     threads = torch.get_num_threads()
     try:
-        for m in (2, 3, 4, 5, 8, 9, 11):
+        for m in sizes:
             torch.set_num_threads(1 + m % 2)
-            assert torch.equal(mm(x[:m].contiguous(), rows, qtype), alone[:m]), m
+            assert torch.equal(kernel(x[:m].contiguous(), rows, qtype), alone[:m]), m
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_every_row_is_the_same_alone_in_any_batch_and_thread_count(qtype):
+    assert_batch_invariant(mm, qtype, (2, 3, 4, 5, 8, 9, 11), seed=3)
 
 
 def test_bf16_in_bf16_out_is_the_float_result_rounded_once():
@@ -159,16 +165,8 @@ def test_amx_tiles_compute_the_scalar_paths_sums(qtype):
 @amx
 @pytest.mark.parametrize("qtype", TYPES)
 def test_amx_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype):
-    rows = random_blocks(qtype, 48, 512, seed=6)
-    x = torch.randn(21, 512)
-    alone = torch.cat([amx_mm(x[i:i + 1].contiguous(), rows, qtype) for i in range(21)])
-    threads = torch.get_num_threads()
-    try:
-        for m in (2, 5, 16, 17, 21):
-            torch.set_num_threads(1 + m % 2)
-            assert torch.equal(amx_mm(x[:m].contiguous(), rows, qtype), alone[:m]), m
-    finally:
-        torch.set_num_threads(threads)
+    """1-2 rows take vpdpbusd, 3+ the tiles: the same exact sums, so the same bits."""
+    assert_batch_invariant(amx_mm, qtype, (2, 5, 16, 17, 21), seed=6)
 
 
 @amx
