@@ -11,6 +11,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace draftsman_kquant {
 
 constexpr int QK = 256;  // weights per super-block
@@ -60,22 +64,59 @@ inline float read_half(const uint8_t* p) {
   return half_to_float(h);
 }
 
+// q = round-half-even(x * (127 / max|x|)) per 256, d = max|x| / 127 (the scalar loop states
+// the rule; the AVX2 one computes the same values: max is exact, one float product each,
+// and cvtps rounds half to even like nearbyint in the default mode).
+inline void quantize_block_scalar(const float* xb, Q8Block& o) {
+  float amax = 0.f;
+  for (int i = 0; i < QK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+  o.d = amax / 127.f;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int i = 0; i < QK; ++i) {
+    o.q[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
+  }
+  for (int s = 0; s < QK / 16; ++s) {
+    int sum = 0;
+    for (int i = 0; i < 16; ++i) sum += o.q[16 * s + i];
+    o.bsums[s] = static_cast<int16_t>(sum);
+  }
+}
+
+#if defined(__AVX2__)
+inline void quantize_block_avx2(const float* xb, Q8Block& o) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 vmax = _mm256_setzero_ps();
+  for (int i = 0; i < QK; i += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float amax = _mm_cvtss_f32(m);
+  o.d = amax / 127.f;
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  for (int s = 0; s < QK / 16; ++s) {
+    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 16 * s), inv));
+    const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 16 * s + 8), inv));
+    // int32 -> int16 -> int8 in element order (packs interleaves 128-bit lanes)
+    const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q + 16 * s),
+                     _mm_packs_epi16(_mm256_castsi256_si128(ab), _mm256_extracti128_si256(ab, 1)));
+    __m256i sum = _mm256_add_epi32(a, b);
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+    o.bsums[s] = static_cast<int16_t>(_mm_cvtsi128_si32(h));
+  }
+}
+#endif
+
 inline void quantize_row(const float* x, int64_t k, Q8Block* out) {
   for (int64_t b = 0; b < k / QK; ++b) {
-    const float* xb = x + b * QK;
-    float amax = 0.f;
-    for (int i = 0; i < QK; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
     Q8Block& o = out[b];
-    o.d = amax / 127.f;
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int i = 0; i < QK; ++i) {
-      o.q[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
-    }
-    for (int s = 0; s < QK / 16; ++s) {
-      int sum = 0;
-      for (int i = 0; i < 16; ++i) sum += o.q[16 * s + i];
-      o.bsums[s] = static_cast<int16_t>(sum);
-    }
+#if defined(__AVX2__)
+    quantize_block_avx2(x + b * QK, o);
+#else
+    quantize_block_scalar(x + b * QK, o);
+#endif
     for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
   }
 }
