@@ -262,3 +262,51 @@ def test_auto_without_a_dtype_loads_what_was_measured_fastest(target, tmp_path, 
     assert "measured" not in draftsman.load(str(target), backend="torch").backend_reason
     assert engine_module.measured_configuration(
         str(target), "fast", [("autoregressive", {})]) is None
+
+
+# ---- backends and dtypes side by side in one bench run ----------------------------------------
+
+def test_engine_option_is_a_label_not_a_method_option():
+    got = parse_methods("speculative:draft=ngram,gamma=2,engine=torch-q4|torch-q8")
+    assert [m.label for m in got[1:]] == ["speculative:draft=ngram,gamma=2,engine=torch-q4",
+                                         "speculative:draft=ngram,gamma=2,engine=torch-q8"]
+    assert got[1].engine == "torch-q4" and "engine" not in got[1].kwargs()
+    assert got[1].without_engine().label == "speculative:draft=ngram,gamma=2"
+    for bad in ("torch", "cuda-q4", "torch-q5"):
+        with pytest.raises(InvalidArgumentError):
+            parse_methods(f"autoregressive:engine={bad}")
+
+
+def test_each_engine_gets_its_own_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
+    engine = SimpleNamespace(backend="llama.cpp", numerics_key="fast")
+    rows = [row("autoregressive", 10, 1.0, kind="baseline"),
+            row("speculative", 10, 0.5, draft="suffix", gamma="auto"),
+            row("autoregressive", 10, 0.8, engine="torch-q4"),
+            row("speculative", 10, 0.25, draft="prompt-lookup", gamma="auto", engine="torch-q4")]
+    assert fastest_exact(rows)[0] == "speculative:draft=suffix,gamma=auto"
+    assert fastest_exact(rows, "torch-q4")[0] == "speculative:draft=prompt-lookup,gamma=auto"
+    record_fastest(BenchConfig(target="smollm2-135m-instruct", temperature=0.0), engine, rows,
+                   lambda _: None)
+    best = dm.fastest_here("smollm2-135m-instruct", "fast")
+    assert (best.backend, best.numerics, best.spec) == (
+        "torch", "q4", "speculative:draft=prompt-lookup,gamma=auto")
+    assert dm.lookup("smollm2-135m-instruct", "llama.cpp", "fast").spec.startswith(
+        "speculative:draft=suffix")
+
+
+def test_a_run_times_a_second_engine_beside_its_own(tmp_path, target, monkeypatch):
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"id": "a", "prompt": "the cat sat on"}) + "\n")
+    cfg = BenchConfig(target=str(target), dtype="bf16", datasets=[str(data)], limit=None,
+                      max_new_tokens=4, out=str(tmp_path / "run"), progress=False,
+                      methods=["autoregressive:engine=torch-fp32",
+                               "speculative:draft=ngram,gamma=2,engine=torch-fp32"],
+                      warmup_tokens=2)
+    result = run_bench(cfg, log=lambda _: None)
+    labels = [r["label"] for r in result.rows]
+    assert labels == ["autoregressive", "autoregressive:engine=torch-fp32",
+                      "speculative:draft=ngram,gamma=2,engine=torch-fp32"]
+    assert result.rows[2]["options"]["engine"] == "torch-fp32"
+    assert result.rows[2]["token_ids"] == result.rows[1]["token_ids"]  # exact on its engine

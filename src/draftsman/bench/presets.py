@@ -77,14 +77,20 @@ PRESETS: dict[str, Preset] = {
     "cpu": Preset(
         "llama.cpp backend, fast numerics, greedy, 128 new tokens, all turns: the "
         "configuration users get (default), prompt lookup and the 0.5B draft under the cost "
-        "model against llama.cpp's own plain, lookup and speculative (0.5B) "
-        "decoding, on the copy-heavy sets (code-edit, rag-qa, grammar, news-summarization, "
-        "MT-Bench turn 2) and free generation (HumanEval, MT-Bench turn 1); first 2 prompts "
-        "each: 14 prompt turns x 7 contestants, about half an hour on a 2-core CPU",
+        "model, the torch backend on q4 (our K-quant kernels: plain, prompt lookup, suffix, "
+        "the 0.5B draft) and q8 (prompt lookup) in the same run, against llama.cpp's own "
+        "plain, lookup and speculative (0.5B) decoding, on the copy-heavy sets (code-edit, "
+        "rag-qa, grammar, news-summarization, MT-Bench turn 2) and free generation "
+        "(HumanEval, MT-Bench turn 1); first 2 prompts each: 14 prompt turns x 11 "
+        "contestants, about 35 minutes on a 2-core CPU. Its records drive `--backend auto`",
         methods=(
             "default",
             "speculative:draft=prompt-lookup,gamma=auto",
             "speculative:gamma=auto",
+            "autoregressive:engine=torch-q4",
+            "speculative:draft=prompt-lookup,gamma=auto,engine=torch-q4|torch-q8",
+            "speculative:draft=suffix,gamma=auto,engine=torch-q4",
+            "speculative:gamma=auto,engine=torch-q4",
         ),
         datasets=(*COPY_HEAVY_SETS, *FREE_SETS),
         limit=2,

@@ -57,7 +57,7 @@ from draftsman.bench.results import (
     reset_peak_rss,
     row_key,
 )
-from draftsman.bench.spec import BASELINE, MethodConfig, parse_methods
+from draftsman.bench.spec import BASELINE, MethodConfig, parse_engine, parse_methods
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET, pick_backend
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
@@ -157,9 +157,22 @@ def load_prompts(config: BenchConfig) -> list[Prompt]:
     return prompts
 
 
+def other_engine(engines: dict[str, Any], tag: str, config: BenchConfig) -> Any:
+    """The engine of an `engine=` tag (spec.parse_engine), loaded once per run."""
+    if tag not in engines:
+        backend, dtype = parse_engine(tag)
+        model_draft = None if is_model_free(config.draft) else config.draft
+        engines[tag] = draftsman.load(
+            config.target, draft=model_draft, dtype=dtype or "bf16", threads=config.threads,
+            backend=backend, numerics=config.numerics if backend == "llama.cpp" else "fast",
+            device=config.device)
+    return engines[tag]
+
+
 def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
     draft = config.draft
     contestants: list[Contestant] = []
+    engines: dict[str, Any] = {"": engine}
     for m in parse_methods(config.methods):
         if m.method == DEFAULT:  # what `draftsman generate` would run on this engine
             name, options, _ = engine.resolve_method(DEFAULT, {})
@@ -167,7 +180,8 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
             contestants.append(DraftsmanContestant(engine, resolved, draft,
                                                    label=f"{DEFAULT} ({resolved.label})"))
         else:
-            contestants.append(DraftsmanContestant(engine, m, draft))
+            contestants.append(DraftsmanContestant(other_engine(engines, m.engine, config),
+                                                   m, draft))
     peers = parse_peers(config.peers)
     variants = [v for peer, v in peers if peer == "hf"]
     contestants += llama_cpp_peers(engine, config, [v for peer, v in peers
@@ -268,7 +282,8 @@ class Bench:
 
     def _choose_backend(self, config: BenchConfig) -> str:
         """auto: a backend every method of the run (and the draft) can use."""
-        methods = [(m.method, m.kwargs()) for m in parse_methods(config.methods)]
+        methods = [(m.method, m.kwargs()) for m in parse_methods(config.methods)
+                   if not m.engine]  # the others run on engines of their own
         draft = None if is_model_free(config.draft) else config.draft
         choice = pick_backend(config.target, AUTO, dtype=config.dtype, draft=draft,
                               methods=methods)
@@ -443,16 +458,20 @@ def run_bench(config: BenchConfig, engine: Any | None = None,
     return result
 
 
-def fastest_exact(rows: list[Row]) -> tuple[str, float, int] | None:
+def fastest_exact(rows: list[Row], engine: str = "") -> tuple[str, float, int] | None:
     """(spec, tokens/s, tokens timed) of the exact draftsman configuration (autoregressive
-    decoding included) with the best overall tokens/s (all its tokens over all its seconds),
-    or None when no row qualifies."""
+    decoding included) on `engine` (an `engine=` tag; "": the run's own) with the best
+    overall tokens/s (all its tokens over all its seconds), or None when no row qualifies.
+    The spec leaves out the tag."""
     totals: dict[str, list[float]] = {}
     for row in rows:
         if (row.get("kind") not in ("baseline", "draftsman")
                 or row.get("exactness") not in ("exact", "reference")):
             continue
-        spec = MethodConfig(row["method"], tuple((row.get("options") or {}).items())).label
+        config = MethodConfig(row["method"], tuple((row.get("options") or {}).items()))
+        if config.engine != engine:
+            continue
+        spec = config.without_engine().label
         tokens_seconds = totals.setdefault(spec, [0.0, 0.0])
         tokens_seconds[0] += row["new_tokens"]
         tokens_seconds[1] += row["seconds"]
@@ -466,19 +485,32 @@ def fastest_exact(rows: list[Row]) -> tuple[str, float, int] | None:
 def record_fastest(config: BenchConfig, engine: Any, rows: list[Row],
                    log: Callable[[str], None]) -> None:
     """After a greedy run on a catalogue target: remember its fastest exact configuration as
-    this machine's `default` method for the target, backend and numerics."""
+    this machine's `default` method for the target, backend and numerics, and the same for
+    each `engine=` tag's configurations (timed in the same run, so `--backend auto` compares
+    them on equal terms)."""
     if config.temperature != 0 or not recordable(config.target):
         return
-    best = fastest_exact(rows)
+    tags = sorted({MethodConfig(r["method"], tuple((r.get("options") or {}).items())).engine
+                   for r in rows if r.get("kind") in ("baseline", "draftsman")})
+    for tag in tags or [""]:
+        if tag:
+            backend, dtype = parse_engine(tag)
+            key = config.numerics if backend == "llama.cpp" else str(dtype)
+        else:
+            backend, key = engine.backend, engine.numerics_key
+        record_one(config, backend, key, fastest_exact(rows, tag), log)
+
+
+def record_one(config: BenchConfig, backend: str, numerics: str,
+               best: tuple[str, float, int] | None, log: Callable[[str], None]) -> None:
     if best is None:
         return
     spec, speed, tokens = best
-    record = measured_now(config.target, engine.backend, engine.numerics_key, spec, speed,
-                          tokens)
+    record = measured_now(config.target, backend, numerics, spec, speed, tokens)
     kept = write_record(record)
     if kept is not None:
         log(f"bench: kept the default method {kept.spec} from a larger run ({kept.tokens} "
             f"tokens timed, this one {tokens}); delete {record_path()} to start over")
         return
-    log(f"bench: default method for {config.target} on {engine.backend} here is now {spec} "
-        f"({speed:.1f} tok/s over {tokens} tokens)")
+    log(f"bench: default method for {config.target} on {backend} {numerics} here is now "
+        f"{spec} ({speed:.1f} tok/s over {tokens} tokens)")

@@ -23,6 +23,12 @@ slowest. A range yields at most `MAX_RANGE` values.
 ``default`` (no options) stands for what `draftsman generate` runs by default; the runner
 resolves it once the engine is loaded (strategies/default_method.py).
 
+``engine=BACKEND[-DTYPE]`` (``torch-q4``, ``torch-q8``, ``torch-bf16``, ``llama.cpp``) runs a
+configuration on a second engine of the same target instead of the run's own, so that
+backends and dtypes are timed side by side in one interleaved run; it is part of the label
+and of the recorded options, never passed to the method. It sweeps like any value
+(``engine=torch-q4|torch-q8``).
+
 Invariant: a `MethodConfig`'s label is its canonical spec text (name, then ``:`` and the
 options in written order), so labels are unique per configuration and parse back to it.
 """
@@ -59,11 +65,36 @@ class MethodConfig:
         return self.method + ":" + ",".join(f"{k}={v}" for k, v in self.options)
 
     def kwargs(self) -> dict[str, object]:
-        """Options with numbers converted (``4`` -> 4, ``0.5`` -> 0.5), keys with ``_``."""
-        return {k.replace("-", "_"): coerce(v) for k, v in self.options}
+        """The method's options (not `engine`), numbers converted (``4`` -> 4, ``0.5`` ->
+        0.5), keys with ``_``."""
+        return {k.replace("-", "_"): coerce(v) for k, v in self.options if k != ENGINE}
+
+    @property
+    def engine(self) -> str:
+        """The `engine=` option: "" for the run's own engine."""
+        return dict(self.options).get(ENGINE, "")
+
+    def without_engine(self) -> MethodConfig:
+        return MethodConfig(self.method, tuple((k, v) for k, v in self.options if k != ENGINE))
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return dict(self.options).get(key, default)
+
+
+ENGINE = "engine"
+ENGINE_BACKENDS = ("torch", "llama.cpp")
+
+
+def parse_engine(text: str) -> tuple[str, str | None]:
+    """``torch-q4`` -> ("torch", "q4"); ``llama.cpp`` -> ("llama.cpp", None)."""
+    from draftsman.models.weight_formats import DTYPE_CHOICES
+
+    backend, _, dtype = text.partition("-") if text != "llama.cpp" else (text, "", "")
+    if (backend not in ENGINE_BACKENDS or (backend == "torch") != bool(dtype)
+            or (dtype and dtype not in DTYPE_CHOICES)):
+        raise InvalidArgumentError(f"engine={text!r}: write torch-DTYPE (torch-q4, torch-q8, "
+                                   "torch-bf16, torch-fp32) or llama.cpp")
+    return backend, dtype or None
 
 
 def coerce(value: str) -> object:
@@ -169,6 +200,8 @@ def parse_spec(spec: str) -> list[MethodConfig]:
                for combo in itertools.product(*choices)]
     for config in configs:
         method_options(config.method, config.kwargs())
+        if config.engine:
+            parse_engine(config.engine)
     return configs
 
 
