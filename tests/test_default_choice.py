@@ -4,7 +4,6 @@ record, `--methods default` in the bench, and plain `generate` on a tiny (GGUF-l
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +13,8 @@ from test_bench import tiny_model
 import draftsman
 from draftsman.backends.choose import Need, choose_backend
 from draftsman.backends.llama_cpp import LlamaCppLM
-from draftsman.bench.runner import BenchConfig, fastest_exact, record_fastest, run_bench
+from draftsman.bench.records import fastest_exact, record_fastest
+from draftsman.bench.runner import BenchConfig, run_bench
 from draftsman.bench.spec import parse_methods
 from draftsman.cli.main import main
 from draftsman.errors import InvalidArgumentError
@@ -146,11 +146,11 @@ def test_bench_records_only_greedy_runs_on_catalogue_targets(tmp_path, monkeypat
     engine = SimpleNamespace(backend="llama.cpp", numerics_key="fast")
     rows = [row("autoregressive", 10, 1.0, kind="baseline"),
             row("speculative", 10, 0.5, draft="prompt-lookup", gamma="auto")]
-    cfg = BenchConfig(target="smollm2-135m-instruct", temperature=0.0)
-    record_fastest(replace(cfg, temperature=0.7), engine, rows, lambda _: None)
-    record_fastest(replace(cfg, target=str(tmp_path)), engine, rows, lambda _: None)
+    smol = "smollm2-135m-instruct"
+    record_fastest(smol, 0.7, "fast", engine, rows, lambda _: None)
+    record_fastest(str(tmp_path), 0.0, "fast", engine, rows, lambda _: None)
     assert not dm.record_path().exists()
-    record_fastest(cfg, engine, rows, lambda _: None)
+    record_fastest(smol, 0.0, "fast", engine, rows, lambda _: None)
     got = dm.resolve_default("smollm2-135m-instruct", "llama.cpp", "fast")
     assert got.measured and got.spec == "speculative:draft=prompt-lookup,gamma=auto"
 
@@ -286,8 +286,7 @@ def test_each_engine_gets_its_own_record(tmp_path, monkeypatch):
             row("speculative", 10, 0.25, draft="prompt-lookup", gamma="auto", engine="torch-q4")]
     assert fastest_exact(rows)[0] == "speculative:draft=suffix,gamma=auto"
     assert fastest_exact(rows, "torch-q4")[0] == "speculative:draft=prompt-lookup,gamma=auto"
-    record_fastest(BenchConfig(target="smollm2-135m-instruct", temperature=0.0), engine, rows,
-                   lambda _: None)
+    record_fastest("smollm2-135m-instruct", 0.0, "fast", engine, rows, lambda _: None)
     best = dm.fastest_here("smollm2-135m-instruct", "fast")
     assert (best.backend, best.numerics, best.spec) == (
         "torch", "q4", "speculative:draft=prompt-lookup,gamma=auto")
