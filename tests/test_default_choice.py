@@ -160,14 +160,19 @@ def target(tmp_path_factory) -> Path:
     return tiny_model(tmp_path_factory.mktemp("default-choice") / "target", 0)
 
 
-def test_bench_methods_default_times_what_generate_runs(tmp_path, target, monkeypatch):
-    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+def tiny_bench(tmp_path: Path, target: Path, dtype: str, methods: list[str]):
+    """A 4-token bench run of `methods` on one prompt, records under tmp_path/home."""
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"id": "a", "prompt": "the cat sat on"}) + "\n")
-    cfg = BenchConfig(target=str(target), dtype="fp32", datasets=[str(data)], limit=None,
+    cfg = BenchConfig(target=str(target), dtype=dtype, datasets=[str(data)], limit=None,
                       max_new_tokens=4, out=str(tmp_path / "run"), progress=False,
-                      methods=["default"], warmup_tokens=2)
-    result = run_bench(cfg, log=lambda _: None)
+                      methods=methods, warmup_tokens=2)
+    return run_bench(cfg, log=lambda _: None)
+
+
+def test_bench_methods_default_times_what_generate_runs(tmp_path, target, monkeypatch):
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+    result = tiny_bench(tmp_path, target, "fp32", ["default"])
     assert [r["label"] for r in result.rows] == ["autoregressive", "default (autoregressive)"]
     assert result.rows[1]["identical"]
     assert json.loads((tmp_path / "run" / "run.json").read_text())[0]["backend"] == "torch"
@@ -296,14 +301,9 @@ def test_each_engine_gets_its_own_record(tmp_path, monkeypatch):
 
 def test_a_run_times_a_second_engine_beside_its_own(tmp_path, target, monkeypatch):
     monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
-    data = tmp_path / "p.jsonl"
-    data.write_text(json.dumps({"id": "a", "prompt": "the cat sat on"}) + "\n")
-    cfg = BenchConfig(target=str(target), dtype="bf16", datasets=[str(data)], limit=None,
-                      max_new_tokens=4, out=str(tmp_path / "run"), progress=False,
-                      methods=["autoregressive:engine=torch-fp32",
-                               "speculative:draft=ngram,gamma=2,engine=torch-fp32"],
-                      warmup_tokens=2)
-    result = run_bench(cfg, log=lambda _: None)
+    result = tiny_bench(tmp_path, target, "bf16", ["autoregressive:engine=torch-fp32",
+                                                   "speculative:draft=ngram,gamma=2,"
+                                                   "engine=torch-fp32"])
     labels = [r["label"] for r in result.rows]
     assert labels == ["autoregressive", "autoregressive:engine=torch-fp32",
                       "speculative:draft=ngram,gamma=2,engine=torch-fp32"]
