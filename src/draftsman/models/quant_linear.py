@@ -120,18 +120,23 @@ def dequantize_rows(t: BlockTensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).reshape(t.shape)
 
 
+def block_rows(blocks: list[BlockTensor]) -> torch.Tensor:
+    """The blocks' rows stacked as one uint8 [N, bytes] tensor."""
+    if len(blocks) == 1 and blocks[0].rows.flags.writeable:
+        rows = np.ascontiguousarray(blocks[0].rows)  # the reader's fresh array: no copy
+    else:
+        rows = np.concatenate([np.asarray(b.rows) for b in blocks])
+    return torch.from_numpy(rows)
+
+
 class KQuantMatrix(nn.Module):
     """Rows of Q4_K or Q6_K blocks as the GGUF stores them, for `draftsman::kquant_mm`."""
 
     def __init__(self, blocks: list[BlockTensor]) -> None:
         super().__init__()
         self.qtype = blocks[0].qtype
-        if len(blocks) == 1 and blocks[0].rows.flags.writeable:
-            rows = np.ascontiguousarray(blocks[0].rows)  # the reader's fresh array: no copy
-        else:
-            rows = np.concatenate([np.asarray(b.rows) for b in blocks])
-        self.register_buffer("blocks", torch.from_numpy(rows))
-        self.out_features = rows.shape[0]
+        self.register_buffer("blocks", block_rows(blocks))
+        self.out_features = self.blocks.shape[0]
 
     def __setstate__(self, state: dict) -> None:
         # unpickled in another process (the pipelined workers): load the operator there too
@@ -154,7 +159,7 @@ class KQuantAmxMatrix(nn.Module):
 
     def __init__(self, blocks: list[BlockTensor]) -> None:
         super().__init__()
-        rows = KQuantMatrix(blocks).blocks
+        rows = block_rows(blocks)
         self.qtype = blocks[0].qtype
         self.register_buffer("packed", torch.ops.draftsman.kquant_pack_amx(rows, self.qtype))
         self.out_features = rows.shape[0]
