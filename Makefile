@@ -4,11 +4,12 @@
 #               the CUDA tests skip where there is no GPU)
 #   make test-exact  the sampling conformance suite with release-sized samples
 #   make test-gpu  only the CUDA tests, on a GPU machine
+#   make gpu-check the GPU check and timings on a lent GPU machine (DRY_RUN=1: on the CPU)
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-exact test-gpu lint clean
+.PHONY: setup demo test test-exact test-gpu gpu-check lint clean
 
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
@@ -47,3 +48,10 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# on a lent GPU machine, from the working tree with nothing installed (its own PyTorch):
+# install beside it, `pytest -m gpu`, the timing runs; results packed into $OUT (see
+# scripts/gpu_check.py; scripts/gpu_carry.py prepares what travels beside the tree).
+# DRY_RUN=1: the same stages on the CPU with tiny random models (the suite runs it)
+gpu-check:
+	$(PY) scripts/gpu_check.py $(if $(DRY_RUN),--dry-run) $(GPU_CHECK_ARGS)

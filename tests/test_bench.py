@@ -20,6 +20,7 @@ from draftsman.core import Step
 from draftsman.errors import InvalidArgumentError
 from draftsman.strategies import registry
 from draftsman.strategies.autoregressive import Autoregressive
+from draftsman.testing.tiny_models import tiny_tokenizer
 from draftsman.theory.speculative import expected_speedup
 
 # ----------------------------------------------------------------------------- method specs
@@ -202,22 +203,6 @@ def test_agreement_and_text_metrics():
 
 
 # ----------------------------------------------------------------------------- tiny models
-
-
-def tiny_tokenizer(folder: Path) -> int:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = ["def add(xs): return sum(xs)", "the cat sat on the mat",
-              "speculative decoding drafts tokens and the target verifies them"] * 20
-    tok.train_from_iterator(corpus, trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
-    return tok.get_vocab_size()
 
 
 def tiny_model(folder: Path, seed: int) -> Path:

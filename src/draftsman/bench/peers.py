@@ -1,5 +1,7 @@
 """Hugging Face transformers as a peer: plain `generate`, assisted generation with the same
-draft model, and prompt lookup, on the same weights, prompt token ids and sampling settings.
+draft model, prompt lookup, and `compiled` (its static cache + torch.compile, the setup
+transformers documents for fast GPU decoding), on the same weights, prompt token ids and
+sampling settings.
 
 Fairness rules:
 - the same folder and dtype as the draftsman target (and draft) are loaded with
@@ -23,14 +25,18 @@ from draftsman.bench import peer_llama_cpp
 from draftsman.bench.contestants import Contestant, Outcome, Sampling, clip_new_tokens
 from draftsman.errors import InvalidArgumentError
 
-VARIANTS = ("plain", "assisted", "prompt-lookup")
+VARIANTS = ("plain", "assisted", "prompt-lookup", "compiled")
 PROMPT_LOOKUP_TOKENS = 10
+# `compiled`: one static cache of this many slots for every prompt, so the compiled decode
+# step has one shape and is compiled once (in the warm-up), never inside a timed run
+COMPILED_CACHE_SLOTS = 4096
 
 
 def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
     """(peer, variant) pairs. `hf` -> every hf variant, `hf:plain,assisted` -> those;
     `llama.cpp` -> its plain, speculative and lookup decoding; `;` or repeated specs are merged."""
     known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
+    default = {"hf": VARIANTS[:3], "llama.cpp": peer_llama_cpp.VARIANTS}
     out: list[tuple[str, str]] = []
     for spec in specs or []:
         for item in (s.strip() for s in spec.split(";")):
@@ -41,7 +47,7 @@ def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
             if name not in known:
                 raise InvalidArgumentError(
                     f"unknown peer {name!r}; the peers are {', '.join(known)}")
-            wanted = [v.strip() for v in rest.split(",") if v.strip()] or list(known[name])
+            wanted = [v.strip() for v in rest.split(",") if v.strip()] or list(default[name])
             for v in wanted:
                 if v not in known[name]:
                     raise InvalidArgumentError(
@@ -80,6 +86,16 @@ class HFPeer(Contestant):
         self.model = model
         self.assistant = assistant
         self.eos = frozenset(eos)
+        self.cache: Any | None = None  # `compiled`: the one static cache, reset per run
+
+    def static_cache(self) -> Any:
+        import transformers
+
+        if self.cache is None:
+            self.cache = transformers.StaticCache(config=self.model.config,
+                                                  max_cache_len=COMPILED_CACHE_SLOTS)
+        self.cache.reset()
+        return self.cache
 
     def generation_config(self, sampling: Sampling) -> Any:
         import transformers
@@ -95,19 +111,39 @@ class HFPeer(Contestant):
             config.top_p = sampling.top_p
         if self.variant == "prompt-lookup":
             config.prompt_lookup_num_tokens = PROMPT_LOOKUP_TOKENS
+        if self.variant == "compiled":
+            # transformers compiles the decode step itself for a static cache on a GPU;
+            # elsewhere (the CPU dry run) dynamo traces it without a backend compiler
+            gpu = self.model.device.type == "cuda"
+            compile_config = transformers.CompileConfig(
+                fullgraph=True, mode="reduce-overhead" if gpu else None,
+                backend="inductor" if gpu else "eager")
+            compile_config._compile_all_devices = True
+            config.compile_config = compile_config
         return config
 
     def run(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Outcome:
         config = self.generation_config(sampling)
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.model.device)
         mask = torch.ones_like(ids)
-        extra = {"assistant_model": self.assistant} if self.variant == "assisted" else {}
+        extra: dict[str, Any] = {}
+        if self.variant == "assisted":
+            extra["assistant_model"] = self.assistant
         torch.manual_seed(seed)
+        synchronize(self.model.device)
         t0 = time.perf_counter()
         with torch.inference_mode():
+            if self.variant == "compiled":  # made and reset inside: inference tensors
+                extra["past_key_values"] = self.static_cache()
             out = self.model.generate(ids, attention_mask=mask, generation_config=config,
                                       **extra)
+        synchronize(self.model.device)  # generate may return before the GPU is done
         seconds = time.perf_counter() - t0
         new = clip_new_tokens(out[0, ids.shape[1]:].tolist(), self.eos, sampling.max_new_tokens)
         finish = "eos" if new and new[-1] in self.eos else "length"
         return Outcome(new, seconds, None, None, finish)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

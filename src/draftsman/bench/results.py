@@ -133,7 +133,7 @@ def check_settings(rows: Iterable[Row], settings: dict[str, Any], folder: Path) 
                 "resume with the same options or choose another --out")
 
 
-MACHINE = ("cpu", "isa", "cores", "torch")  # what sets a row's timings beyond its settings
+MACHINE = ("cpu", "isa", "cores", "gpu", "torch")  # what sets a row's timings beyond its settings
 
 
 def check_machine(rows: Iterable[Row], machine: dict[str, Any], folder: Path) -> None:
@@ -168,7 +168,8 @@ def machine() -> dict[str, Any]:
     (flags, AMX kernels, repacked weights: llama_cpp.describe_build)."""
     from draftsman.backends.llama_cpp import describe_build
 
-    return {"cpu": cpu_model(), "isa": cpu_isa(), "cores": os.cpu_count(),
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu_model(), "isa": cpu_isa(), "cores": os.cpu_count(), "gpu": gpu,
             "torch": torch.__version__, "llama_cpp": describe_build()}
 
 

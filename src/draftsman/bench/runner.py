@@ -63,6 +63,7 @@ from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET, pick_backend
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
 from draftsman.proposers.drafters import is_model_free
+from draftsman.store.random_weights import weights_label
 from draftsman.store.resolve import resolve_gguf
 from draftsman.strategies.base import check_fits
 from draftsman.strategies.default_method import DEFAULT
@@ -181,6 +182,10 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
     variants = [v for peer, v in peers if peer == "hf"]
     contestants += llama_cpp_peers(engine, config, [v for peer, v in peers
                                                     if peer == "llama.cpp"])
+    if "compiled" in variants:  # a model of its own: compiling patches its forward
+        compiled = load_hf(engine.target.folder, engine.dtype, engine.device)
+        contestants.append(HFPeer("compiled", compiled, engine.target.tokenizer.eos_token_ids))
+        variants = [v for v in variants if v != "compiled"]
     if variants:
         target = load_hf(engine.target.folder, engine.dtype, engine.device)
         eos = engine.target.tokenizer.eos_token_ids
@@ -268,6 +273,7 @@ class Bench:
                                numerics=config.numerics)
         self.env["device"] = str(getattr(engine, "device", "cpu"))
         self.env["static"] = bool(getattr(engine, "static", False))
+        self.env["weights"] = weights_label(getattr(engine.target, "folder", None))
         self.done = {row_key(r) for r in self.existing}
         self.baseline: dict[tuple[str, int], Row] = {}
         self.answers: dict[tuple[str, int, str], str] = {}  # (unit key, repeat, label)

@@ -52,9 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed runs per prompt and "
                                                              "method (default: 1)")
     p.add_argument("--peer", dest="peers", action="append", default=None,
-                   metavar="hf[:plain,assisted,prompt-lookup] | "
+                   metavar="hf[:plain,assisted,prompt-lookup,compiled] | "
                            "llama.cpp[:plain,speculative,lookup]",
-                   help="also time Hugging Face transformers generate (hf = all three) or "
+                   help="also time Hugging Face transformers generate (hf = plain, assisted "
+                        "and prompt-lookup; compiled = its static cache + torch.compile) or "
                         "llama.cpp's own plain, speculative and lookup decoding on the same "
                         "GGUF weights (llama.cpp = all three); repeatable")
     p.add_argument("--turns", choices=["first", "all"], default=None,

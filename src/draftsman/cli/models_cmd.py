@@ -55,6 +55,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name", metavar="NAME")
     p.set_defaults(func=cmd_rm)
 
+    p = verbs.add_parser(
+        "random", help="a folder with another model's architecture and random weights",
+        description="Write OUT_DIR: LIKE's config and tokenizer with random weights, for "
+                    "timing an architecture without its weights (every bench row timed on it "
+                    "says weights: random).")
+    p.add_argument("like", metavar="LIKE", help="catalogue name or model folder")
+    p.add_argument("out", type=Path, metavar="OUT_DIR", help="must not exist yet")
+    p.add_argument("--dtype", choices=_DTYPE_CHOICES, default="bfloat16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where the random weights are drawn")
+    p.set_defaults(func=cmd_random)
+
     p = verbs.add_parser("convert", help="convert any GGUF file into a Hugging Face folder")
     p.add_argument("gguf", type=Path, metavar="FILE.gguf")
     p.add_argument("out", type=Path, metavar="OUT_DIR", help="must not exist yet")
@@ -114,6 +126,18 @@ def cmd_rm(args: argparse.Namespace) -> int:
         print(f"removed {args.name}", file=sys.stderr)
     else:
         print(f"{args.name} was not pulled; nothing to remove", file=sys.stderr)
+    return 0
+
+
+def cmd_random(args: argparse.Namespace) -> int:
+    from draftsman.device import resolve_device
+    from draftsman.store.random_weights import write_random_folder
+
+    like = Path(args.like)
+    folder = like if (like / "config.json").is_file() else resolve_model(args.like)
+    out = write_random_folder(folder, args.out, dtype=args.dtype, seed=args.seed,
+                              device=resolve_device(args.device))
+    print(out)
     return 0
 
 

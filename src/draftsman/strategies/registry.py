@@ -173,18 +173,23 @@ class Method:
 
     options: type[MethodOptions]
     build: Callable[[Any, Any], Strategy]
+    # False where a draft is an optional add-on that changes the method (parallel-prompt
+    # with a draft is the speculative combination): --draft does not fill it in
+    draft_by_default: bool = True
 
     @property
     def takes_draft(self) -> bool:
-        """Whether the method runs a draft model given as `draft` (--draft fills it in)."""
-        return takes(self.options, "draft")
+        """Whether the method runs a draft model given as `draft` by default (--draft fills
+        it in); parallel-prompt takes one only when asked for by name."""
+        return self.draft_by_default and takes(self.options, "draft")
 
 
 METHODS: dict[str, Method] = {
     "autoregressive": Method(AutoregressiveOptions, build_autoregressive),
     "speculative": Method(SpeculativeOptions, build_speculative),
     "staged": Method(StagedOptions, build_staged),
-    "parallel-prompt": Method(parallel_prompt.ParallelPromptOptions, parallel_prompt.build),
+    "parallel-prompt": Method(parallel_prompt.ParallelPromptOptions, parallel_prompt.build,
+                              draft_by_default=False),
     "big-little": Method(BigLittleOptions, build_big_little),
     "pipelined": Method(pipelined.PipelinedOptions, pipelined.build),
 }

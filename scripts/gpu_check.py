@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""`make gpu-check`: check and time the GPU path on a lent GPU machine, in one command.
+
+    scripts/gpu_check.py [--carry .gpu-carry] [--out DIR] [--stages a,b,...] [--dry-run]
+
+Runs on a machine that has PyTorch with CUDA, transformers and triton and nothing else of
+ours, without network: it installs the project beside its torch (never touching it), then
+runs the stages in order, each in a process of its own with a time limit, so a stage that
+breaks or hangs costs only itself:
+  env       nvidia-smi, versions, measured copy bandwidth and bf16 matrix rate
+  test-gpu  `pytest -m gpu` (what `make test-gpu` runs)
+  random    random-weight folders of the default pair's shapes (1.5B, 0.5B; config and
+            tokenizer carried, see gpu_carry.py); their forward cost over 1..64 rows, eager
+            and static; an interleaved bench: our AR eager and --static (CUDA graphs),
+            speculative with the 0.5B (fixed and cost-model γ), transformers eager and
+            static cache + torch.compile. Every row says weights: random.
+  real      SmolLM2-135M from GGUF parts carried beside the tree (joined, hash-checked):
+            its cost curve and an interleaved bench of every single-model method against
+            transformers. Skipped when its parts did not all arrive.
+  report    summary.md (bench/gpu_report.py), with the real pair's speedups predicted from
+            the CPU's acceptance and this GPU's cost curve, labelled as predictions.
+Everything lands in WORK as it comes; after every stage WORK is packed into
+OUT/gpu-check.tar.gz beside OUT/summary.md and OUT/log.txt, so a check cut off keeps what
+it measured. `--dry-run` runs the same stages on the CPU with tiny random models in seconds
+(the test suite does), so the check keeps working where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("env", "test-gpu", "random", "real", "report")
+TIMEOUTS = {"env": 120, "test-gpu": 240, "random": 420, "real": 300, "report": 60}
+PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+SMALL = "smollm2-135m-instruct"
+ACCEPTANCE = ROOT / "bench-results" / "speculative-bf16-avx512" / "results.jsonl"
+ROWS = "1,2,4,8,16,32,64"
+
+
+class Check:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.dry = args.dry_run
+        self.work = args.work.resolve()
+        self.out = args.out.resolve()
+        self.carry = args.carry.resolve()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.out / "log.txt"
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1",
+                        DRAFTSMAN_HOME=str(self.work / "home"))
+        self.device = "cpu" if self.dry else "cuda"
+        self.status: dict[str, str] = {}
+
+    # ---- plumbing ---------------------------------------------------------------------
+    def log(self, text: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {text}"
+        print(line, flush=True)
+        with open(self.log_path, "a") as f:
+            f.write(line + "\n")
+
+    def run(self, argv: list[str], name: str, timeout: float) -> bool:
+        """Run `argv`, its output into WORK/<name>.log; False on failure or time-out."""
+        self.log(f"$ {' '.join(map(str, argv))}")
+        path = self.work / f"{name}.log"
+        with open(path, "a") as f:
+            try:
+                rc = subprocess.run([str(a) for a in argv], stdout=f, stderr=subprocess.STDOUT,
+                                    env=self.env, cwd=ROOT, timeout=max(timeout, 1)).returncode
+            except subprocess.TimeoutExpired:
+                self.log(f"  timed out after {timeout:.0f} s")
+                return False
+        if rc != 0:
+            tail = path.read_text(errors="replace").splitlines()[-15:]
+            self.log(f"  exit {rc}; last lines of {path.name}:\n    " + "\n    ".join(tail))
+        return rc == 0
+
+    def draftsman(self, *args: object, name: str, timeout: float) -> bool:
+        return self.run([sys.executable, "-m", "draftsman", *args], name, timeout)
+
+    def pack(self) -> None:
+        with tarfile.open(self.out / "gpu-check.tar.gz", "w:gz") as tar:
+            for path in sorted(self.work.iterdir()):
+                if path.name.startswith("bench-") or path.suffix in (".json", ".log", ".md"):
+                    tar.add(path, arcname=path.name)  # weights, wheels, store stay behind
+        summary = self.work / "summary.md"
+        if summary.is_file():
+            shutil.copy2(summary, self.out / "summary.md")
+
+    # ---- install --------------------------------------------------------------------
+    def install(self) -> None:
+        """Carried wheels and the project into WORK/site; the machine's torch untouched."""
+        site = self.work / "site"
+        wheels = sorted((self.carry / "base" / "wheels").glob("*.whl"))
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+               "--no-compile", "--target", str(site)]
+        if wheels and not self.run([*pip, *wheels], "install", 300):
+            self.log("  carried wheels did not install")
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT / "src"), str(site), self.env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+
+    # ---- stages -----------------------------------------------------------------------
+    def stage_env(self, budget: float) -> bool:
+        if not self.dry:
+            self.run(["nvidia-smi"], "env", 30)
+        self.run([sys.executable, "-c", "import torch, transformers, sys; print(sys.version); "
+                  "print('torch', torch.__version__, 'cuda', torch.version.cuda, "
+                  "torch.cuda.is_available()); print('transformers', transformers.__version__)"
+                  ], "env", 60)
+        small = ["--copy-mib", "16", "--matmul-n", "256"] if self.dry else []
+        return self.run([sys.executable, "-m", "draftsman.bench.device_ceilings", "--device",
+                         self.device, "--out", self.work / "ceilings.json", *small], "env",
+                        budget)
+
+    def stage_test_gpu(self, budget: float) -> bool:
+        if self.dry:  # the suite runs this script; it must not run the suite again
+            (self.work / "test-gpu.log").write_text("dry run: pytest -m gpu not run\n")
+            return True
+        # only the files that hold CUDA tests: the others may import what this machine
+        # lacks (fastapi, llama.cpp), and a collection error would stop the whole run
+        files = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "tests").glob("test_*.py")
+                       if "devices()" in f.read_text() or "mark.gpu" in f.read_text())
+        return self.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
+                         "no:cacheprovider", "-o", "addopts=", "-rfE", *files], "test-gpu",
+                        budget)
+
+    def like(self, name: str) -> Path:
+        """The carried config + tokenizer of `name` (tokenizer.json travels gzipped)."""
+        folder = self.work / "like" / name
+        if not folder.is_dir():
+            src = self.carry / "base" / "like" / name
+            shutil.copytree(src, folder)
+            for gz in folder.glob("*.gz"):
+                gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+                gz.unlink()
+        return folder
+
+    def datasets(self) -> list[str]:
+        if self.dry:
+            return [str(self.carry / "base" / "tiny.jsonl")]
+        home = self.work / "home" / "datasets"
+        home.mkdir(parents=True, exist_ok=True)
+        for path in (self.carry / "base" / "datasets").glob("*"):
+            shutil.copy2(path, home / path.name)
+        return ["humaneval,mt-bench"]
+
+    def profile(self, folder: Path, model: str, budget: float, rows: str = ROWS) -> None:
+        for mode, extra in (("static", ["--static"]), ("eager", [])):
+            out = self.work / f"profile-{model}-{mode}.json"
+            ok = self.draftsman("profile", "--target", folder, "--device", self.device,
+                                "--dtype", "bf16", "--lengths", rows, "--context", "512",
+                                "--repeats", "5", "--json", *extra, name=f"profile-{model}",
+                                timeout=budget / 2)
+            if ok:  # the JSON is the log's last line
+                lines = (self.work / f"profile-{model}.log").read_text().splitlines()
+                out.write_text(next(x for x in reversed(lines) if x.startswith("{")) + "\n")
+
+    def bench(self, name: str, target: Path, draft: Path | None, methods: list[str],
+              peers: str, limit: int, budget: float) -> bool:
+        tokens = "16" if self.dry else "128"
+        draft_args = ["--draft", draft] if draft else []
+        return self.draftsman(
+            "bench", "--target", target, *draft_args, "--device", self.device, "--static",
+            "--dtype", "bf16", "--methods", ";".join(methods), "--peer", peers,
+            "--dataset", *self.datasets(), "--limit", limit, "--max-new-tokens", tokens,
+            "--warmup-tokens", "16", "--no-progress", "--out", self.work / f"bench-{name}",
+            "--resume", name=f"bench-{name}", timeout=budget)
+
+    def random_folder(self, name: str, like: Path, seed: int) -> Path:
+        folder = self.work / "models" / f"random-{name}"
+        if not folder.is_dir():
+            self.draftsman("models", "random", like, folder, "--device", self.device,
+                           "--seed", seed, name="models", timeout=300)
+        return folder
+
+    def stage_random(self, budget: float) -> bool:
+        end = time.monotonic() + budget
+        target = self.random_folder("1.5b", self.like(PAIR[0]), 0)
+        draft = self.random_folder("0.5b", self.like(PAIR[1]), 1)
+        if not (target.is_dir() and draft.is_dir()):
+            return False
+        self.profile(target, "1.5b", min(90, (end - time.monotonic()) / 4))
+        self.profile(draft, "0.5b", min(40, (end - time.monotonic()) / 4), rows="1,2,4,8")
+        self.pack()
+        tokens = "random" if self.dry else ROOT / "src/draftsman/assets/prompt_tokens" / PAIR[0]
+        methods = ["autoregressive", "autoregressive:engine=torch-bf16",
+                   "speculative:gamma=4", "speculative:gamma=auto",
+                   "speculative:draft=prompt-lookup,gamma=auto",
+                   "staged:subdraft=ngram,gamma=4",
+                   f"parallel-prompt:prompt_tokens={tokens},tree_size=auto,engine=torch-bf16",
+                   "big-little:fallback=0.5"]
+        return self.bench("random", target, draft, methods, "hf:plain,compiled", 1,
+                          end - time.monotonic())
+
+    def small_model(self) -> Path | None:
+        """SmolLM2's converted folder: in the store from joined parts (a dry run: tiny)."""
+        if self.dry:
+            return self.random_folder("small", self.like(SMALL), 2)
+        manifest = next(self.carry.glob(f"part*/{SMALL}.gguf.parts.json"), None)
+        if manifest is None:
+            self.log(f"  {SMALL}: its parts did not all arrive (no manifest): skipped")
+            return None
+        joined = self.work / "gguf"
+        joined.mkdir(exist_ok=True)
+        for part in self.carry.glob(f"part*/{SMALL}.gguf.*"):
+            dest = joined / part.name
+            if not dest.exists():
+                dest.symlink_to(part)
+        gguf = joined / f"{SMALL}.gguf"
+        if not gguf.is_file() and not self.run(
+                [sys.executable, ROOT / "scripts" / "join_gguf.py", joined / manifest.name],
+                "real", 120):
+            return None
+        if not self.draftsman("models", "pull", SMALL, "--from-gguf", gguf, name="real",
+                              timeout=300):
+            return None
+        return self.work / "home" / "models" / SMALL
+
+    def stage_real(self, budget: float) -> bool:
+        end = time.monotonic() + budget
+        folder = self.small_model()
+        if folder is None:
+            return False
+        self.profile(folder, "smollm2", min(60, (end - time.monotonic()) / 4))
+        self.pack()
+        methods = ["autoregressive", "autoregressive:engine=torch-bf16",
+                   "speculative:draft=prompt-lookup,gamma=auto",
+                   "speculative:draft=suffix,gamma=auto",
+                   "speculative:draft=prompt-lookup,gamma=8",
+                   "speculative:draft=prompt-lookup,gamma=auto,branches=auto",
+                   f"big-little:early_exit={1 if self.dry else 15},engine=torch-bf16"]
+        return self.bench("smollm2", folder, None, methods, "hf:plain,prompt-lookup,compiled",
+                          3, end - time.monotonic())
+
+    def stage_report(self, budget: float) -> bool:
+        return self.run([sys.executable, "-m", "draftsman.bench.gpu_report", self.work,
+                         "--acceptance", ACCEPTANCE], "report", budget)
+
+    def main(self) -> int:
+        stages = [s for s in self.args.stages.split(",") if s]
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown:
+            print(f"gpu_check: unknown stage(s) {', '.join(unknown)}; the stages are "
+                  f"{', '.join(STAGES)}", file=sys.stderr)
+            return 2
+        self.log(f"gpu-check: stages {', '.join(stages)} ({'dry run' if self.dry else 'GPU'})")
+        end = time.monotonic() + self.args.budget
+        self.install()
+        for stage in stages:
+            t0 = time.monotonic()
+            # the report is quick and always written; the others leave it 30 s
+            budget = max(30, end - t0) if stage == "report" else end - t0 - 30
+            budget = min(TIMEOUTS[stage], budget)
+            if budget < 10:
+                self.log(f"{stage}: skipped (the check's --budget is spent)")
+                self.status[stage] = "skipped"
+                continue
+            try:
+                ok = getattr(self, "stage_" + stage.replace("-", "_"))(budget)
+            except Exception as exc:  # a broken stage is reported, the next still runs
+                self.log(f"  {stage}: {type(exc).__name__}: {exc}")
+                ok = False
+            self.status[stage] = "ok" if ok else "failed"
+            self.log(f"{stage}: {self.status[stage]} ({time.monotonic() - t0:.0f} s)")
+            (self.work / "status.json").write_text(json.dumps(self.status, indent=2) + "\n")
+            self.pack()
+        return 0 if all(v == "ok" for v in self.status.values()) else 1
+
+
+def dry_carry(carry: Path) -> None:
+    """A carry folder for --dry-run: tiny configs and tokenizer, a tiny dataset."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from draftsman.testing.tiny_models import tiny_config_folder, tiny_dataset
+
+    for i, name in enumerate((*PAIR, SMALL)):
+        tiny_config_folder(carry / "base" / "like" / name, layers=2 + (i == 0))
+    tiny_dataset(carry / "base" / "tiny.jsonl")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--carry", type=Path, default=ROOT / ".gpu-carry",
+                   help="what scripts/gpu_carry.py prepared (default: .gpu-carry)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check-out")),
+                   help="where the packed results go (default: $OUT, else gpu-check-out)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/draftsman-gpu-check"),
+                   help="working folder (models, logs, results)")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"of {', '.join(STAGES)}")
+    p.add_argument("--budget", type=float, default=1500,
+                   help="seconds for all stages; a stage gets what is left (default 1500)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="on the CPU with tiny random models (seconds): keeps the check working")
+    args = p.parse_args(argv)
+    if args.dry_run and not (args.carry / "base" / "tiny.jsonl").is_file():
+        dry_carry(args.carry)
+    return Check(args).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
