@@ -14,6 +14,7 @@ breaks or hangs costs only itself:
             and static; an interleaved bench: our AR eager and --static (CUDA graphs),
             speculative with the 0.5B (fixed and cost-model γ), transformers eager and
             static cache + torch.compile. Every row says weights: random.
+  breakdown one static 1.5B step's kernels by device time (bench/step_breakdown.py)
   real      SmolLM2-135M from GGUF parts carried beside the tree (joined, hash-checked):
             its cost curve and an interleaved bench of every single-model method against
             transformers. Skipped when its parts did not all arrive.
@@ -39,8 +40,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("env", "test-gpu", "random", "real", "report")
-TIMEOUTS = {"env": 120, "test-gpu": 240, "random": 420, "real": 300, "report": 60}
+STAGES = ("env", "test-gpu", "random", "breakdown", "real", "report")
+TIMEOUTS = {"env": 120, "test-gpu": 240, "random": 420, "breakdown": 90, "real": 300,
+            "report": 60}
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 SMALL = "smollm2-135m-instruct"
 ACCEPTANCE = ROOT / "bench-results" / "speculative-bf16-avx512" / "results.jsonl"
@@ -155,7 +157,9 @@ class Check:
         return ["humaneval,mt-bench"]
 
     def profile(self, folder: Path, model: str, budget: float, rows: str = ROWS) -> None:
-        for mode, extra in (("static", ["--static"]), ("eager", [])):
+        modes = (("static", ["--static"]),) if self.args.quick else \
+            (("static", ["--static"]), ("eager", []))
+        for mode, extra in modes:
             out = self.work / f"profile-{model}-{mode}.json"
             ok = self.draftsman("profile", "--target", folder, "--device", self.device,
                                 "--dtype", "bf16", "--lengths", rows, "--context", "512",
@@ -199,8 +203,17 @@ class Check:
                    "staged:subdraft=ngram,gamma=4",
                    f"parallel-prompt:prompt_tokens={tokens},tree_size=auto,engine=torch-bf16",
                    "big-little:fallback=0.5"]
-        return self.bench("random", target, draft, methods, "hf:plain,compiled", 1,
-                          end - time.monotonic())
+        peers = "hf:plain,compiled"
+        if self.args.quick:  # our AR and cost-model speculation against compiled transformers
+            methods, peers = [methods[0], methods[3]], "hf:compiled"
+        return self.bench("random", target, draft, methods, peers, 1, end - time.monotonic())
+
+    def stage_breakdown(self, budget: float) -> bool:
+        target = self.work / "models" / "random-1.5b"
+        return all(self.run([sys.executable, "-m", "draftsman.bench.step_breakdown", "--target",
+                             target, "--device", self.device, "--rows", rows, "--out",
+                             self.work / f"breakdown-1.5b-{rows}.md"], "breakdown", budget / 2)
+                   for rows in ("1", "16"))
 
     def small_model(self) -> Path | None:
         """SmolLM2's converted folder: in the store from joined parts (a dry run: tiny)."""
@@ -298,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default=",".join(STAGES), help=f"of {', '.join(STAGES)}")
     p.add_argument("--budget", type=float, default=1500,
                    help="seconds for all stages; a stage gets what is left (default 1500)")
+    p.add_argument("--quick", action="store_true",
+                   help="random stage: static profiles only; AR, cost-model speculation and "
+                        "compiled transformers only (a re-check after a fix)")
     p.add_argument("--dry-run", action="store_true",
                    help="on the CPU with tiny random models (seconds): keeps the check working")
     args = p.parse_args(argv)

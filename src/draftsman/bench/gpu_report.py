@@ -204,6 +204,8 @@ def report(work: Path, acceptance: Path | None = None) -> str:
         if best:
             lines += [f"Best exact method: {best.label}, {best.speedup:.2f}× our AR "
                       f"(goal ≥ 2×: {'met' if best.speedup >= 2 else 'not met'}).", ""]
+    for path in sorted(work.glob("breakdown-*.md")):
+        lines += ["#" + path.read_text(), ""]  # its title one level down
     if acceptance:
         lines += prediction_section(read_jsonl(acceptance), latency(work, "1.5b", "static"),
                                     latency(work, "0.5b", "static"), device)

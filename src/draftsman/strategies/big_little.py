@@ -353,7 +353,8 @@ class BigLittle(Strategy):
         if self.config.reviews and k:
             large_logp = policy_logprobs(large_logits[:k], temperature)
             small_logp = torch.stack(small_rows) if small_rows else None
-            d = self.distance(small_logp, large_logp, torch.tensor(unchecked))
+            tokens = torch.tensor(unchecked, device=large_logp.device)
+            d = self.distance(small_logp, large_logp, tokens)
             over = (d > self.config.rollback).nonzero()
             if over.numel():
                 m = int(over[0, 0])
