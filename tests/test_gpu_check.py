@@ -1,0 +1,115 @@
+"""`make gpu-check`: the dry run end to end on the CPU, and its parts against hand-computed
+values (the random-weight folder, the bandwidth floor, the predicted speedups)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import draftsman
+from draftsman.bench.device_ceilings import bytes_per_token, measure
+from draftsman.bench.gpu_report import predicted_speedup
+from draftsman.bench.peers import parse_peers
+from draftsman.errors import InvalidArgumentError
+from draftsman.store.random_weights import weights_label, write_random_folder
+from draftsman.testing.tiny_models import tiny_config_folder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_stage_and_packs_its_results(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run",
+                          "--carry", str(tmp_path / "carry"), "--out", str(out), "--work",
+                          str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    status = json.loads((tmp_path / "work" / "status.json").read_text())
+    assert status == {s: "ok" for s in ("env", "test-gpu", "random", "breakdown", "real",
+                                        "report")}
+    summary = (out / "summary.md").read_text()
+    for part in ("Forward cost, 1.5b bf16", "weights: random", "| hf:compiled |",
+                 "Bandwidth floor", "Predicted: the real Qwen2.5-Coder", "One static step"):
+        assert part in summary, part
+    with tarfile.open(out / "gpu-check.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"bench-random/results.jsonl", "bench-smollm2/results.jsonl", "summary.md",
+            "ceilings.json"} <= names
+    # no weights, wheels or store travel back
+    assert not {n.split("/")[0] for n in names} & {"models", "home", "site", "like", "gguf"}
+    rows = [json.loads(line) for line in
+            (tmp_path / "work" / "bench-random" / "results.jsonl").read_text().splitlines()]
+    assert {r["env"]["weights"] for r in rows} == {"random"}
+    labels = {r["label"] for r in rows}
+    assert {"autoregressive", "autoregressive:engine=torch-bf16", "hf", "hf:compiled"} <= labels
+
+
+def test_random_folder_is_labelled_and_loads(tmp_path: Path) -> None:
+    like = tiny_config_folder(tmp_path / "like")
+    folder = write_random_folder(like, tmp_path / "random", dtype="float32", seed=3)
+    assert weights_label(folder) == "random" and weights_label(like) == "real"
+    assert not (tmp_path / ".random.partial").exists()
+    engine = draftsman.load(str(folder), dtype="fp32")
+    assert len(engine.generate([5, 6, 7], max_new_tokens=4).token_ids) > 0
+    with pytest.raises(InvalidArgumentError, match="already exists"):
+        write_random_folder(like, folder)
+    with pytest.raises(InvalidArgumentError, match="no config.json"):
+        write_random_folder(tmp_path, tmp_path / "other")
+
+
+def _safetensors(path: Path, tensors: dict[str, int]) -> None:
+    """A header-only safetensors file naming tensors of the given byte sizes."""
+    header, offset = {}, 0
+    for name, size in tensors.items():
+        header[name] = {"dtype": "BF16", "shape": [size // 2], "data_offsets": [offset,
+                                                                                offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_bytes_per_token_by_hand(tmp_path: Path, tied: bool) -> None:
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64,
+              "num_hidden_layers": 3, "tie_word_embeddings": tied}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tensors = {"model.embed_tokens.weight": 1000, "model.layers.0.mlp.up_proj.weight": 300}
+    if not tied:
+        tensors["lm_head.weight"] = 1000
+    _safetensors(tmp_path / "model.safetensors", tensors)
+    # KV: 2 (k, v) x 3 layers x 2 heads x 16 dims x 10 tokens x 2 bytes = 3840
+    # weights: 300 + the 1000-byte head (tied: the embedding is the head, read whole;
+    # untied: the embedding is a row lookup, left out)
+    assert bytes_per_token(tmp_path, context=10) == 1300 + 3840
+
+
+def test_predicted_speedup_by_hand() -> None:
+    target = {1: 1.0, 2: 1.2, 4: 1.5}
+    draft = {1: 0.2}
+    # one step of 3 guesses (verify 4 rows + 3 draft forwards), one step with none: 5 tokens
+    row = {"gammas": [3, 0], "new_tokens": 5, "draft_forwards": 3}
+    assert predicted_speedup(row, target, draft) == pytest.approx(5 / (1.5 + 0.6 + 1.0))
+    free = {**row, "draft_forwards": 0}  # a model-free drafter costs nothing on the device
+    assert predicted_speedup(free, target, draft) == pytest.approx(5 / 2.5)
+    assert predicted_speedup({"new_tokens": 5}, target, draft) is None
+    # 3 rows between the measured 2 and 4: interpolated, 1.35
+    assert predicted_speedup({"gammas": [2], "new_tokens": 3}, target, {}) \
+        == pytest.approx(3 / 1.35)
+
+
+def test_compiled_transformers_is_asked_for_by_name() -> None:
+    assert parse_peers(["hf"]) == [("hf", "plain"), ("hf", "assisted"),
+                                   ("hf", "prompt-lookup")]
+    assert parse_peers(["hf:plain,compiled"]) == [("hf", "plain"), ("hf", "compiled")]
+
+
+def test_ceilings_measure_on_the_cpu() -> None:
+    c = measure(torch.device("cpu"), copy_bytes=1 << 20, matmul_n=64, repeats=2)
+    assert c.copy_gbps > 0 and c.bf16_tflops > 0 and c.copy_bytes == 1 << 20
