@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "draftsman.cli.analyze_cmd",
     "draftsman.cli.profile_cmd",
     "draftsman.cli.check_exact_cmd",
+    "draftsman.cli.pipelined_worker_cmd",
 )
 
 

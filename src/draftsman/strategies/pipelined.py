@@ -46,12 +46,13 @@ import torch
 from torch import nn
 
 from draftsman.core import Budget, GenerationConfig, Step
-from draftsman.errors import InvalidArgumentError
+from draftsman.errors import InvalidArgumentError, UnsupportedError
 from draftsman.models.base import LAST, DecoderLM
 from draftsman.models.exit_heads import resolve_exit_head
 from draftsman.sampling import Sampler
 from draftsman.strategies.base import Strategy, as_batch, check_fits, positions
 from draftsman.strategies.options import MethodOptions, option
+from draftsman.strategies.pipelined_dist import DistributedPool
 from draftsman.strategies.pipelined_worker import PipelinedWorkerError, WorkerPool
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class PipelinedConfig:
     threads: int = 1  # per sub-worker
     main_threads: int | None = None  # the main worker's (this process's) threads; None: keep
     timeout: float = 120.0  # longest wait for one reply before the request is aborted
+    transport: str = "pipes"  # pipes + shared memory (one machine) or distributed
 
     def __post_init__(self) -> None:
         for name in ("workers", "threads"):
@@ -83,6 +85,9 @@ class PipelinedConfig:
                                        f"got {self.main_threads!r}")
         if not self.timeout > 0:
             raise InvalidArgumentError(f"pipelined: timeout must be > 0, got {self.timeout}")
+        if self.transport not in TRANSPORTS:
+            raise InvalidArgumentError(f"pipelined: transport must be one of "
+                                       f"{', '.join(TRANSPORTS)}, got {self.transport!r}")
 
     def layer(self, model: DecoderLM) -> int:
         d = model.config.num_layers
@@ -98,21 +103,26 @@ class PipelinedConfig:
 
 # ----------------------------------------------------------------------------- pools
 
-_POOLS: dict[tuple, WorkerPool] = {}
+TRANSPORTS = ("pipes", "distributed")
+_POOLS: dict[tuple, WorkerPool | DistributedPool] = {}
 
 
-def _pool_for(model: DecoderLM, config: PipelinedConfig, d_bar: int) -> WorkerPool:
+def _pool_for(model: DecoderLM, config: PipelinedConfig, d_bar: int
+              ) -> WorkerPool | DistributedPool:
     """One warm pool per (model, k, d̄, threads): spawning costs seconds, so requests
     reuse it (the exit head is sent per request); it closes when the model is
     garbage-collected or at exit."""
-    key = (id(model), config.workers, d_bar, config.threads)
+    key = (id(model), config.workers, d_bar, config.threads, config.transport)
     pool = _POOLS.get(key)
     if pool is not None and pool.alive():
         pool.timeout = config.timeout
         return pool
     if pool is not None:
         pool.close()
-    pool = WorkerPool(model, config.workers, d_bar, config.threads, config.timeout)
+    if config.transport == "distributed":
+        close_pools("distributed")  # one torch.distributed group per process
+    kind = DistributedPool if config.transport == "distributed" else WorkerPool
+    pool = kind(model, config.workers, d_bar, config.threads, config.timeout)
     _POOLS[key] = pool
     weakref.finalize(model, _drop_pool, key)
     return pool
@@ -124,10 +134,11 @@ def _drop_pool(key: tuple) -> None:
         pool.close()
 
 
-def close_pools() -> None:
-    """Stop every sub-worker process this process started."""
+def close_pools(transport: str | None = None) -> None:
+    """Stop every sub-worker process this process started (of one transport, if named)."""
     for key in list(_POOLS):
-        _drop_pool(key)
+        if transport is None or key[-1] == transport:
+            _drop_pool(key)
 
 
 atexit.register(close_pools)
@@ -256,6 +267,11 @@ class PipelinedOptions(MethodOptions):
                                       kind=int, minimum=1)
     timeout: float = option(120.0, "longest wait in seconds for one sub-worker reply",
                             kind=float, minimum=0)
+    transport: str = option("pipes", "pipes: sub-workers on this machine sharing the "
+                                     "weights' memory; distributed: torch.distributed (gloo "
+                                     "on the CPU, NCCL on GPUs), local processes or torchrun "
+                                     "ranks (`draftsman pipelined-worker`)",
+                            choices=TRANSPORTS)
 
     def needs(self) -> dict[str, str]:
         why = "hidden states of an intermediate layer"
@@ -263,7 +279,7 @@ class PipelinedOptions(MethodOptions):
 
     def config(self) -> PipelinedConfig:
         return PipelinedConfig(self.workers, self.exit_layer, self.threads, self.main_threads,
-                               self.timeout)
+                               self.timeout, self.transport)
 
 
 def build(engine: Engine, options: PipelinedOptions) -> Strategy:
@@ -271,6 +287,11 @@ def build(engine: Engine, options: PipelinedOptions) -> Strategy:
     config = options.config()
     model = engine.target.model
     d_bar = config.layer(model)
+    if config.transport == "distributed":  # the workers guess with the model's own head
+        if options.exit_head not in ("auto", "shared"):
+            raise UnsupportedError("pipelined: transport=distributed reads its guesses with "
+                                   "the model's own LM head; use exit_head=shared")
+        return Pipelined(model, config)
     resolved = resolve_exit_head(model, engine.target.folder, d_bar, options.exit_head)
     if resolved is None:
         return Pipelined(model, config)
