@@ -82,12 +82,17 @@ class ScriptedHead(torch.nn.Module):
         return row.expand(*normed.shape[:-1], self.vocab)
 
 
-@pytest.fixture(scope="module")
-def model():
+def confident_model():
+    """A tiny 4-layer model whose early guesses sometimes match."""
     m = ours_from_hf(hf_model("llama", seed=0, num_hidden_layers=4))
     with torch.no_grad():
         m.lm_head.weight.mul_(8)  # confident enough that early guesses sometimes match
-    yield m
+    return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    yield confident_model()
     close_pools()
 
 
