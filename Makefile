@@ -9,7 +9,7 @@ PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-exact test-gpu gpu-check lint clean
+.PHONY: setup demo test test-exact test-gpu gpu-check docs docs-tables lint clean
 
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
@@ -42,6 +42,15 @@ test-exact: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m gpu
+
+# the documentation site (docs/, mkdocs.yml; the docs extra), strict: a warning fails
+docs: $(STAMP)
+	$(VENV)/bin/pip install --quiet -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# rewrite every generated table in README.md and docs/ from its results folder
+docs-tables: $(STAMP)
+	$(VENV)/bin/python -m draftsman.bench.docs_tables
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
