@@ -64,7 +64,7 @@ PRESETS: dict[str, Preset] = {
         methods=(
             "speculative:draft=prompt-lookup,gamma=auto",
             "speculative:draft=ngram,gamma=auto",
-            "speculative:draft=prompt-lookup,gamma=auto",
+            "speculative:draft=prompt-lookup,gamma=auto,branches=auto",
             "speculative:gamma=auto",
             "speculative:gamma=3",
         ),
