@@ -22,8 +22,9 @@ then the payloads the header announces, in a fixed order:
     DONE  i -> main   round, a = microseconds;  float32 [h [H], kv [2, d-d̄, H_kv, 1, D]]
     ERROR i -> main   n = bytes of the traceback;  uint8[n]
 Both sides send without blocking (isend, the tensors kept alive until delivered; messages
-between two ranks arrive in the order sent) and receive with a deadline. A worker that dies or stops answering becomes a
-`PipelinedWorkerError` naming its rank within `timeout` seconds, never a hang.
+between two ranks arrive in the order sent) and receive with a deadline. A worker that dies
+or stops answering becomes a `PipelinedWorkerError` naming its rank within `timeout`
+seconds, never a hang.
 
 Launch: `DistributedPool(model, k, d̄)` spawns k local processes (`--option workers=k`,
 `transport=distributed`); under torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR,
