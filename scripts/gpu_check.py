@@ -45,7 +45,7 @@ TIMEOUTS = {"env": 120, "test-gpu": 240, "random": 420, "breakdown": 90, "real":
             "report": 60}
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 SMALL = "smollm2-135m-instruct"
-ACCEPTANCE = ROOT / "bench-results" / "speculative-bf16-avx512" / "results.jsonl"
+ACCEPTANCE = ROOT / "bench-results" / "speculative-bf16-avx512"
 ROWS = "1,2,4,8,16,32,64"
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from draftsman.bench.metrics import summarise
 from draftsman.bench.report import quality_table, speed_table, time_table
+from draftsman.bench.results import ResultsFile
 from draftsman.bench.tables import Table, table_md
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -57,10 +58,10 @@ def parse_options(text: str) -> dict[str, str]:
 
 
 def read_rows(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "results.jsonl"
-    if not path.is_file():
-        raise DocsTableError(f"{folder}: no results.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = ResultsFile(folder).rows()
+    if not rows:
+        raise DocsTableError(f"{folder}: no rows in results.jsonl")
+    return rows
 
 
 def provenance(folder: Path, rows: list[dict[str, Any]]) -> str:

@@ -10,7 +10,7 @@ and predicts what the real default pair would gain on this GPU from the acceptan
 on a CPU with real weights (`accepted_runs`, `gammas` of each step) and the cost curve
 measured here on random weights of the same shapes. A prediction is labelled as one.
 
-    python -m draftsman.bench.gpu_report WORK [--acceptance CPU_RESULTS.jsonl]
+    python -m draftsman.bench.gpu_report WORK [--acceptance CPU_RESULTS_FOLDER]
 """
 
 from __future__ import annotations
@@ -25,17 +25,12 @@ from typing import Any
 
 from draftsman.bench.device_ceilings import floor_seconds
 from draftsman.bench.metrics import summarise
+from draftsman.bench.results import ResultsFile
 from draftsman.profiling import interpolate
 
 AR, AR_EAGER, HF, HF_COMPILED = "autoregressive", "autoregressive:engine=torch-bf16", "hf", \
     "hf:compiled"
 CONTEXT = 512  # cached tokens the floor and the profiles are taken at
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -177,8 +172,8 @@ def device_of(rows: Iterable[dict[str, Any]], ceilings: dict[str, Any] | None) -
 
 def report(work: Path, acceptance: Path | None = None) -> str:
     ceilings = read_json(work / "ceilings.json")
-    random_rows = read_jsonl(work / "bench-random" / "results.jsonl")
-    real_rows = read_jsonl(work / "bench-smollm2" / "results.jsonl")
+    random_rows = ResultsFile(work / "bench-random").rows()
+    real_rows = ResultsFile(work / "bench-smollm2").rows()
     device = device_of([*random_rows, *real_rows], ceilings)
     env = next((r.get("env") for r in [*random_rows, *real_rows]), None) or {}
     lines = [f"# GPU check on {device}", "",
@@ -212,7 +207,7 @@ def report(work: Path, acceptance: Path | None = None) -> str:
     for path in sorted(work.glob("breakdown-*.md")):
         lines += ["#" + path.read_text(), ""]  # its title one level down
     if acceptance:
-        lines += prediction_section(read_jsonl(acceptance), latency(work, "1.5b", "static"),
+        lines += prediction_section(ResultsFile(acceptance).rows(), latency(work, "1.5b", "static"),
                                     latency(work, "0.5b", "static"), device)
     return "\n".join(lines) + "\n"
 
@@ -221,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Write the GPU check's summary.md")
     p.add_argument("work", type=Path)
     p.add_argument("--acceptance", type=Path, default=None,
-                   help="CPU results.jsonl of the real pair (steps' gammas) to predict from")
+                   help="a CPU results folder of the real pair (steps' gammas) to predict from")
     args = p.parse_args(argv)
     text = report(args.work, args.acceptance)
     (args.work / "summary.md").write_text(text)

@@ -33,7 +33,8 @@ COMPILED_CACHE_SLOTS = 4096
 
 
 def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
-    """(peer, variant) pairs. `hf` -> every hf variant, `hf:plain,assisted` -> those;
+    """(peer, variant) pairs. `hf` -> plain, assisted and prompt-lookup (`compiled` only by
+    name: it compiles a model of its own), `hf:plain,assisted` -> those;
     `llama.cpp` -> its plain, speculative and lookup decoding; `;` or repeated specs are merged."""
     known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
     default = {"hf": VARIANTS[:3], "llama.cpp": peer_llama_cpp.VARIANTS}

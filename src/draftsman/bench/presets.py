@@ -81,7 +81,7 @@ PRESETS: dict[str, Preset] = {
         "the 0.5B draft) and q8 (prompt lookup) in the same run, against llama.cpp's own "
         "plain, lookup and speculative (0.5B) decoding, on the copy-heavy sets (code-edit, "
         "rag-qa, grammar, news-summarization, MT-Bench turn 2) and free generation "
-        "(HumanEval, MT-Bench turn 1); first 2 prompts each: 14 prompt turns x 11 "
+        "(HumanEval, MT-Bench turn 1); first 2 prompts each: 14 prompt turns x 12 "
         "contestants, about 35 minutes on a 2-core CPU. Its records drive `--backend auto`",
         methods=(
             "default",

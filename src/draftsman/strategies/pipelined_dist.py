@@ -261,15 +261,19 @@ class DistributedPool:
     def alive(self) -> bool:
         return not self.closed and all(p.is_alive() for p in self.processes)
 
-    def close(self, grace: float = 2.0) -> None:
-        """Stop every worker: read the replies still on their way (a worker blocks sending
-        them), send STOP, wait for its delivery, then leave the group."""
+    def close(self, grace: float = 2.0, drain: bool = True) -> None:
+        """Stop every worker: read the replies still on their way (`drain`; not after a
+        failure, whose peer will never answer), send STOP, wait for its delivery, then leave
+        the group."""
         if self.closed:
             return
-        with contextlib.suppress(Exception):
-            for index in range(1, self.k + 1):
-                if self._seen[index - 1] < self.round:
-                    self._pump(index, DONE, self.round)
+        if drain:
+            with contextlib.suppress(PipelinedWorkerError):  # a failure closed the pool
+                for index in range(1, self.k + 1):
+                    if self._seen[index - 1] < self.round:
+                        self._pump(index, DONE, self.round)
+            if self.closed:
+                return
         self.closed = True
         for ch in getattr(self, "channels", []):
             with contextlib.suppress(Exception):
@@ -290,7 +294,7 @@ class DistributedPool:
                 dist.destroy_process_group()
 
     def _fail(self, rank: int, what: str) -> PipelinedWorkerError:
-        self.close()
+        self.close(drain=False)
         return PipelinedWorkerError(f"pipelined: sub-worker rank {rank} {what}; the request "
                                     "was aborted")
 
