@@ -32,7 +32,7 @@ from draftsman.proposers.prompt_tokens import PromptTokenDraftProposer
 from draftsman.proposers.staged import StagedProposer
 from draftsman.proposers.suffix import SuffixProposer
 from draftsman.sampling import SamplingConfig, probabilities
-from draftsman.strategies import speculative as speculative_module
+from draftsman.strategies import step_machine
 from draftsman.strategies import tree_speculative as tree_module
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import CostModelGamma, make_policy
@@ -184,7 +184,7 @@ def bonus_from_draft(drafts, q, p, sampler):
 @pytest.mark.parametrize("mutation", [off_by_one_residual, bonus_from_draft],
                          ids=["off-by-one-residual", "bonus-from-draft"])
 def test_chain_mutations_are_rejected(models, joints, monkeypatch, mutation):
-    monkeypatch.setattr(speculative_module, "verify_sampling", mutation)
+    monkeypatch.setattr(step_machine, "verify_sampling", mutation)
     result = report(check_exact(chain_strategy(models), CHAIN_PROMPT,
                                 joints[(tuple(CHAIN_PROMPT), T1)], T1, DRAWS),
                     f"mutation {mutation.__name__}")

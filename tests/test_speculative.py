@@ -19,7 +19,7 @@ from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.proposers.staged import StagedProposer
 from draftsman.sampling import SamplingConfig, probabilities
-from draftsman.strategies import speculative as speculative_module
+from draftsman.strategies import step_machine
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.gamma import make_policy
 from draftsman.strategies.speculative import Speculative
@@ -209,7 +209,7 @@ def test_broken_acceptance_rule_is_detected(small_vocab, monkeypatch):
     def accept_all(drafts, q, p, sampler):
         return Verdict(len(drafts), sampler.draw(p[len(drafts)]), False)
 
-    monkeypatch.setattr(speculative_module, "verify_sampling", accept_all)
+    monkeypatch.setattr(step_machine, "verify_sampling", accept_all)
     prompt = [1, 3, 2, 1, 3]
     spec = Speculative(target, DraftModelProposer(draft), make_policy(3, None))
     expected = exact_joint(target, prompt, 3, SamplingConfig(temperature=1.0))

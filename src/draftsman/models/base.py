@@ -20,6 +20,7 @@ from draftsman.kernels.native import kquant_available, unavailable_reason
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.protocol import Capabilities
+from draftsman.models.ragged import RaggedCaches
 
 ALL = slice(None)
 LAST = slice(-1, None)
@@ -208,7 +209,7 @@ class DecoderLM(nn.Module):
         """Our own models expose every part of the forward contract."""
         return Capabilities(backend="torch", layer_ranges=True, input_embeddings=True,
                             hidden_states=True, exact_tree_keep=True, max_tree_rows=None,
-                            device=self.device.type, numerics=None)
+                            device=self.device.type, numerics=None, ragged_batches=True)
 
     def __setstate__(self, state: dict) -> None:
         # unpickled in another process (the pipelined workers): load the fused ops there too
@@ -261,6 +262,11 @@ class DecoderLM(nn.Module):
         logits are computed only if the range ends at the last layer and `logits_at` selects
         positions (a slice or an index tensor over T; None skips the head).
         """
+        if isinstance(cache, RaggedCaches):
+            if mask is not None or layers is not None or inputs_embeds is not None:
+                raise UnsupportedError("a ragged forward takes token ids of whole models; "
+                                       "tree masks go in its segments")
+            return self._ragged_forward(tokens, positions, cache, logits_at)
         n_layers = self.config.num_layers
         layers = layers if layers is not None else range(n_layers)
         # callers build token ids and positions on the host; `.to` is a no-op on the CPU
@@ -288,4 +294,26 @@ class DecoderLM(nn.Module):
         logits = None
         if layers.stop == n_layers and logits_at is not None:
             logits = self.head(x[:, logits_at])
+        return Output(logits=logits, hidden=x)
+
+    def _ragged_forward(self, tokens: torch.Tensor, positions: torch.Tensor,
+                        caches: RaggedCaches, logits_at: slice | torch.Tensor | None) -> Output:
+        """tokens/positions [1, N]: the segments' rows end to end (models/ragged.py)."""
+        device = self.device
+        tokens, positions = tokens.to(device), positions.to(device)
+        if positions.shape != (1, caches.rows):
+            raise ValueError(f"a ragged forward over {caches.rows} rows got positions "
+                             f"{tuple(positions.shape)}")
+        caches.check_room()
+        x = self.embed(tokens, positions)
+        # each segment's mask exactly as a forward of that sequence alone builds it
+        masks = [attention_mask(seg.start, seg.rows, seg.mask, device, pos,
+                                self.config.sliding_window,
+                                additive=uses_matmul_attention(seg.rows, device))
+                 for seg, pos in zip(caches.segments, caches.split(positions), strict=True)]
+        ctx = self.layer_context(positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, ctx, caches, i, 0, masks)
+        caches.commit()
+        logits = self.head(x[:, logits_at]) if logits_at is not None else None
         return Output(logits=logits, hidden=x)

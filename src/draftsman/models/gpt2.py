@@ -13,6 +13,7 @@ from torch import nn
 from draftsman.models.base import DecoderLM, Linear, cached_attention
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
+from draftsman.models.ragged import RaggedCaches
 
 
 class Attention(nn.Module):
@@ -22,11 +23,21 @@ class Attention(nn.Module):
         self.c_attn = Linear(c.hidden_size, 3 * c.hidden_size)
         self.c_proj = Linear(c.hidden_size, c.hidden_size)
 
-    def forward(self, x, cache: KVCache, layer: int, start: int, mask) -> torch.Tensor:
-        b, t, h = x.shape
-        q, k, v = self.c_attn(x).split(h, dim=-1)
+    def forward(self, x, cache: KVCache | RaggedCaches, layer: int, start: int,
+                mask) -> torch.Tensor:
+        qkv = self.c_attn(x)
+        if isinstance(cache, RaggedCaches):  # several sequences: `mask` holds one per segment
+            return self.c_proj(cache.attend_each(
+                qkv, None, mask, lambda part, _, c, s, m: self.attend(part, c, layer, s, m)))
+        return self.c_proj(self.attend(qkv, cache, layer, start, mask))
+
+    def attend(self, qkv: torch.Tensor, cache: KVCache, layer: int, start: int,
+               mask) -> torch.Tensor:
+        """qkv [B, T, 3 H] of the new rows -> attention output [B, T, H]."""
+        b, t, h3 = qkv.shape
+        q, k, v = qkv.split(h3 // 3, dim=-1)
         q, k, v = (z.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
-        return self.c_proj(cached_attention(q, k, v, cache, layer, start, mask))
+        return cached_attention(q, k, v, cache, layer, start, mask)
 
 
 class MLP(nn.Module):

@@ -14,6 +14,7 @@ from torch import nn
 from draftsman.models.base import DecoderLM, Linear, cached_attention, uses_matmul_attention
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
+from draftsman.models.ragged import RaggedCaches
 from draftsman.models.rope import RotaryTable, apply_rotary
 
 # Our fused projections and the Hugging Face matrices they stack, in row order.
@@ -52,18 +53,26 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
 
-    def forward(self, x, rope, cache: KVCache, layer: int, start: int, mask) -> torch.Tensor:
-        b, t, _ = x.shape
-        nq, nkv, d = self.n_heads, self.n_kv, self.head_dim
+    def forward(self, x, rope, cache: KVCache | RaggedCaches, layer: int, start: int,
+                mask) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        if isinstance(cache, RaggedCaches):  # several sequences: `mask` holds one per segment
+            return self.o_proj(cache.attend_each(
+                qkv, rope, mask, lambda part, r, c, s, m: self.attend(part, r, c, layer, s, m)))
+        return self.o_proj(self.attend(qkv, rope, cache, layer, start, mask))
+
+    def attend(self, qkv: torch.Tensor, rope, cache: KVCache, layer: int, start: int,
+               mask) -> torch.Tensor:
+        """qkv [B, T, (Hq + 2 Hkv) D] of the new rows -> attention output [B, T, Hq D]."""
+        b, t, _ = qkv.shape
+        nq, nkv, d = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope
         # one call for RoPE, the cache write and attention, on a KVCache's contiguous slots
         # (a static step's SlotWriter takes the path below); the mask is additive there
         if (self.fused_cpu_ops and self.q_norm is None and cos.shape[0] == b
-                and isinstance(cache, KVCache) and uses_matmul_attention(t, x.device)):
-            attn = cache.write_rotated_and_attend(layer, start, qkv.contiguous(), cos, sin,
+                and isinstance(cache, KVCache) and uses_matmul_attention(t, qkv.device)):
+            return cache.write_rotated_and_attend(layer, start, qkv.contiguous(), cos, sin,
                                                   mask, nq, nkv)
-            return self.o_proj(attn)
         if self.q_norm is None:  # q and k heads side by side: one rotation for both
             qk = apply_rotary(qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), cos, sin)
             q, k = qk.split((nq, nkv), dim=2)
@@ -72,10 +81,9 @@ class Attention(nn.Module):
             k = self.k_norm(qkv[..., nq * d : (nq + nkv) * d].view(b, t, nkv, d))
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = qkv[..., (nq + nkv) * d :].view(b, t, nkv, d)
-        attn = cached_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        return cached_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                 cache, layer, start, mask,
                                 fused=self.fused_cpu_ops)  # [B, H, T, D] views
-        return self.o_proj(attn)
 
 
 class SwiGLU(nn.Module):

@@ -33,6 +33,8 @@ class Capabilities:
     device: str  # "cpu", "cuda", ...
     numerics: str | None  # the backend's own number format when it fixes one (keys cost
     #                       profiles); None: the engine's dtype decides
+    ragged_batches: bool = False  # forward(cache=RaggedCaches): several sequences' rows in
+    #                               one forward, each with its own cache (models/ragged.py)
 
     def has(self, name: str) -> bool:
         return bool(getattr(self, name))

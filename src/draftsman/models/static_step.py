@@ -195,7 +195,7 @@ class StaticModel:
     @property
     def capabilities(self) -> Capabilities:
         return replace(self.model.capabilities, backend="torch --static",
-                       layer_ranges=False, input_embeddings=False)
+                       layer_ranges=False, input_embeddings=False, ragged_batches=False)
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         """A cache of at least `capacity` + max(buckets) slots, on a free arena if one is

@@ -9,14 +9,22 @@ from draftsman.models.base import LAST, DecoderLM
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
 from draftsman.strategies.base import Strategy, check_fits
+from draftsman.strategies.step_machine import SpeculativeSteps
 
 
 class Autoregressive(Strategy):
     name = "autoregressive"
     exactness = "reference"
+    batchable = True
 
     def __init__(self, target: DecoderLM) -> None:
         self.target = target
+
+    def steps(self, prompt_ids: list[int], config: GenerationConfig,
+              prefill_chunk: int | None = None) -> SpeculativeSteps:
+        """This request as a step machine that never guesses (for the batch scheduler)."""
+        return SpeculativeSteps(self.target, None, None, prompt_ids, config,
+                                prefill_chunk=prefill_chunk)
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
         check_fits(self.target, len(prompt_ids), config)

@@ -42,6 +42,9 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     exactness: ClassVar[str]  # "reference", "exact", "exact-greedy", "lossy"
+    # True: `steps(prompt_ids, config, prefill_chunk)` returns the request as a step machine
+    # (strategies/step_machine.py) the batch scheduler can share forwards with
+    batchable: ClassVar[bool] = False
 
     @abstractmethod
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:

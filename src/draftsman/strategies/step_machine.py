@@ -1,0 +1,256 @@
+"""One request of speculative (or plain) decoding as a step machine.
+
+A strategy written as a loop calls the target itself; a step machine instead says what rows
+it wants in the next target forward and then reads that forward's logits. That is what lets
+the batch scheduler (batching/) put many requests' rows in one forward, and a request alone
+is the same machine driven by `run_alone`: the single-user path and the server share one
+code path and one set of exactness tests.
+
+Cycle, once per target forward:
+    propose()        guesses for this step (none while the prompt is being read)
+    trim(n)          optional: a batch controller keeps only the first n guesses
+    rows()           the tokens to feed: a prompt chunk, or pending token(s) + guesses
+    <forward>        alone (`ModelState.feed`) or in a ragged batch (`segment` + `wrote`)
+    accept(logits)   speculative sampling on the rows' logits -> the Step (None while a
+                     prompt chunk that is not the last one was read)
+
+Invariants: the committed tokens only grow; after `accept` the cache holds exactly the
+committed tokens but the last one (the pending token of the next step); a request's draws
+come from its own seeded generator, in the same order alone or in a batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from draftsman.core import Budget, GenerationConfig, Step, Timer
+from draftsman.models.base import DecoderLM
+from draftsman.models.ragged import Segment
+from draftsman.proposers.base import Proposal, Proposer
+from draftsman.sampling import Sampler
+from draftsman.state import ModelState
+from draftsman.strategies.base import check_fits
+from draftsman.strategies.gamma import CostModelGamma, Feedback, GammaPolicy
+from draftsman.verification.chain import Verdict, verify_greedy, verify_sampling
+
+NO_GUESS = Proposal([], None)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What one request feeds to the next forward."""
+
+    tokens: list[int]
+    start: int  # position (= cache slot) of the first row
+    logits_from: int | None  # first row whose logits `accept` reads; None: none
+    prefill: bool  # a chunk of the prompt
+
+    @property
+    def logits_rows(self) -> int:
+        return 0 if self.logits_from is None else len(self.tokens) - self.logits_from
+
+
+class SpeculativeSteps:
+    """Speculative decoding of one request (see the module docstring); `proposer` None (or
+    `policy` None) is plain autoregressive decoding, one row per step."""
+
+    def __init__(self, target: DecoderLM, proposer: Proposer | None,
+                 policy: GammaPolicy | None, prompt_ids: list[int], config: GenerationConfig,
+                 *, sources: tuple[str, str] = ("draft", "target"),
+                 prefill_chunk: int | None = None) -> None:
+        check_fits(target, len(prompt_ids), config)
+        self.proposer = proposer if policy is not None else None
+        self.policy = policy
+        self.sources = sources
+        self.config = config
+        max_gamma = policy.max_gamma if self.proposer is not None else 0
+        self.capacity = len(prompt_ids) + config.max_new_tokens + max_gamma + 2
+        self.state = ModelState(target, self.capacity)
+        self.sampler = Sampler(config.sampling)
+        self.budget = Budget(config)
+        self.timer = Timer()
+        self.prompt = list(prompt_ids)
+        self.committed = list(prompt_ids)
+        self.prefilled = 0  # prompt tokens fed so far
+        self.chunk = prefill_chunk or len(prompt_ids)
+        self.gamma_cap: int | None = None  # a batch controller's cap for a model drafter
+        self.proposal = NO_GUESS
+        self._rows: Rows | None = None
+        self._key: int | None = None
+        self._gamma = self._wanted = 0
+        self._started = False
+        self._forwards = 0  # target forwards since the last Step
+
+    # ---------------------------------------------------------------- what the request is
+    @property
+    def done(self) -> bool:
+        return self.budget.done
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt)
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether a batch controller may choose this request's guesses (the cost-model
+        policy, `gamma=auto`); a fixed γ the request asked for is kept."""
+        return self.proposer is not None and isinstance(self.policy, CostModelGamma)
+
+    def guess_acceptance(self) -> float:
+        """The learnt probability that one more guess like this step's is kept."""
+        policy = self.policy
+        if not isinstance(policy, CostModelGamma):
+            return 0.0
+        if self._key is not None and self._key in policy.by_key:
+            accepts, trials = policy.by_key[self._key]
+            return min(accepts / trials, 0.99)
+        return policy.alpha
+
+    def guess_cost(self) -> float:
+        """Cost of drafting one guess relative to one target forward (c)."""
+        return self.policy.cost if isinstance(self.policy, CostModelGamma) else 0.0
+
+    @property
+    def drafts_with_model(self) -> bool:
+        return self.proposer is not None and self.proposer.uses_model
+
+    # ---------------------------------------------------------------- the cycle
+    def propose(self) -> Proposal:
+        """This step's guesses (as the request's policy plans them; none while prefilling)."""
+        self.proposal, self._key = NO_GUESS, None
+        if self.prefilling or self.done or self.proposer is None:
+            return self.proposal
+        policy, timer = self.policy, self.timer
+        if not self._started:
+            with timer("draft"):
+                self.proposer.use_history(self.config.history)
+                self.proposer.start(self.prompt, self.capacity)
+            self._started = True
+        planned = policy.plans_guesses and not self.proposer.uses_model
+        wanted = policy.max_gamma if planned else policy.next_gamma()
+        if self.gamma_cap is not None and not planned:
+            wanted = min(wanted, self.gamma_cap)
+        gamma = min(wanted, self.budget.remaining - 1)
+        with timer("draft"):
+            proposal = (self.proposer.propose(self.committed, gamma, self.sampler,
+                                              policy.stop_below)
+                        if gamma > 0 else Proposal([], None))
+        key = proposal.extra.get("match") if planned else None
+        if planned and proposal.tokens:
+            proposal.tokens = proposal.tokens[: policy.plan(len(proposal.tokens), key)]
+            gamma = wanted = len(proposal.tokens)
+        self.proposal, self._key, self._gamma, self._wanted = proposal, key, gamma, wanted
+        return proposal
+
+    def trim(self, n: int) -> None:
+        """Keep only the first `n` guesses of this step's proposal."""
+        p = self.proposal
+        if n < len(p.tokens):
+            p.tokens = p.tokens[:n]
+            if p.q is not None:
+                p.q = p.q[:n]
+            self._gamma = n
+
+    def rows(self) -> Rows:
+        if self.prefilling:
+            chunk = self.prompt[self.prefilled: self.prefilled + self.chunk]
+            last = self.prefilled + len(chunk) == len(self.prompt)
+            rows = Rows(chunk, self.prefilled, len(chunk) - 1 if last else None, True)
+        else:
+            # the last committed token is not in the cache yet; `committed` only grows, so
+            # this compares just what the previous step appended
+            pending = self.state.sync(self.committed)
+            rows = Rows(pending + self.proposal.tokens, len(self.state.fed), len(pending) - 1,
+                        False)
+        self._rows = rows
+        return rows
+
+    def segment(self) -> Segment:
+        """This request's part of a ragged forward over `rows()`."""
+        assert self._rows is not None
+        return Segment(self.state.cache, self._rows.start, len(self._rows.tokens))
+
+    def wrote(self) -> None:
+        """A ragged forward wrote this request's rows into its cache."""
+        assert self._rows is not None
+        self.state.record(self._rows.tokens)
+        self.state.forwards += 1
+
+    def accept(self, logits: torch.Tensor | None, forward_seconds: float,
+               cost_seconds: float | None = None) -> Step | None:
+        """logits [rows.logits_rows, V] of this request's rows. `forward_seconds`: the
+        forward's wall time (what this request waited); `cost_seconds`: its share of the
+        forward in one-request terms, for the policy's cost estimate (default: all of it).
+        None while a prompt chunk before the last was read."""
+        rows, timer = self._rows, self.timer
+        assert rows is not None, "accept() before rows()"
+        self._rows = None
+        self._forwards += 1
+        timer.seconds["verify"] = timer.seconds.get("verify", 0.0) + forward_seconds
+        if rows.prefill:
+            self.prefilled += len(rows.tokens)
+            if self.prefilling:
+                return None
+            with timer("verify"):
+                first = self.budget.clip([self.sampler.pick(logits[-1])])
+            self.committed += first
+            return self._step(first, ["target"], prefill=True)
+        proposal = self.proposal
+        with timer("verify"):
+            verdict = self._verify(proposal, logits)
+        new = self.budget.clip(proposal.tokens[: verdict.accepted] + [verdict.next_token])
+        self.committed += new
+        with timer("other"):
+            self.state.sync(self.committed)
+            if self.proposer is not None:
+                self.proposer.commit(self.committed)
+        seconds = timer.take()
+        drafted = len(proposal.tokens)
+        if self.policy is not None:
+            verify = seconds["verify"] - forward_seconds + (
+                forward_seconds if cost_seconds is None else cost_seconds)
+            self.policy.update(Feedback(drafted, verdict.accepted, verdict.rejected,
+                                        seconds.get("draft", 0.0), proposal.forwards, verify,
+                                        self._key))
+        kept = min(verdict.accepted, len(new))
+        extra = {"gamma": self._gamma, "policy_gamma": self._wanted, **proposal.extra} \
+            if self.proposer is not None else {}
+        step = Step(new, [self.sources[0]] * kept + [self.sources[1]] * (len(new) - kept),
+                    drafted=drafted, accepted=verdict.accepted, rejected=verdict.rejected,
+                    target_forwards=self._forwards, draft_forwards=proposal.forwards,
+                    draft_seconds=seconds.get("draft", 0.0), verify_seconds=seconds["verify"],
+                    other_seconds=seconds.get("other", 0.0), finish=self.budget.finish,
+                    extra=extra)
+        self._forwards = 0
+        return step
+
+    def _verify(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
+        if self.sampler.greedy:  # [γ+1, V] -> the target's choice after each prefix
+            return verify_greedy(proposal.tokens, logits.argmax(-1).tolist())
+        return verify_sampling(proposal.tokens, proposal.q, self.sampler.probs(logits),
+                               self.sampler)
+
+    def _step(self, tokens: list[int], sources: list[str], prefill: bool) -> Step:
+        seconds = self.timer.take()
+        step = Step(tokens, sources, target_forwards=self._forwards, prefill=prefill,
+                    verify_seconds=seconds.get("verify", 0.0), finish=self.budget.finish)
+        self._forwards = 0
+        return step
+
+
+def run_alone(machine: SpeculativeSteps) -> Iterator[Step]:
+    """Drive one request by itself: one forward of its own rows per step."""
+    while not machine.done:
+        machine.propose()
+        rows = machine.rows()
+        at = None if rows.logits_from is None else slice(rows.logits_from, None)
+        t0 = time.perf_counter()
+        out = machine.state.feed(rows.tokens, logits_at=at)
+        seconds = time.perf_counter() - t0
+        step = machine.accept(None if out.logits is None else out.logits[0], seconds)
+        if step is not None:
+            yield step
