@@ -1,0 +1,237 @@
+"""The step scheduler: many requests, one target forward per step.
+
+Each `step()`:
+1. requests that joined since the last step become active (up to `max_batch`);
+2. every decoding request proposes its guesses (possibly none); with two or more decoding,
+   the controller (controller.py) trims the guesses of requests that let it choose
+   (`gamma=auto`) to what pays for the whole step on this machine's cost curve;
+3. one prompting request reads a chunk of its prompt (`prefill_chunk` tokens), so a long
+   prompt never stalls the others for more than one chunk's forward per step;
+4. one ragged forward (models/ragged.py) runs every row: pending tokens, guesses, the chunk;
+5. each request verifies its own rows with its own rule and seeded generator, and its Step
+   goes out; finished and cancelled requests leave, and their caches go with them.
+
+A request's tokens are what it would produce alone wherever the matrix kernels are batch
+invariant (q4, q8; float32 up to the BLAS's rounding): its attention, its draws and its
+verification never see another request. The scheduler is single-threaded; `submit` and
+`cancel` may be called from other threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsman.batching.controller import Offer, allocate
+from draftsman.core import Step
+from draftsman.errors import UnsupportedError
+from draftsman.models.ragged import RaggedCaches
+from draftsman.strategies.step_machine import SpeculativeSteps
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_batch: int = 4  # requests decoding together (the server's --parallel)
+    prefill_chunk: int = 128  # prompt tokens one request reads per step
+    adaptive: bool = True  # the controller may trim `gamma=auto` requests' guesses
+
+
+@dataclass
+class Ticket:
+    """A request in the scheduler; `steps` are delivered through `on_step` as they come."""
+
+    machine: SpeculativeSteps
+    on_step: Callable[[Step], None] | None = None
+    on_end: Callable[[Ticket], None] | None = None  # once, when it leaves for any reason
+    joined_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None  # first step it took part in
+    cancelled: bool = False
+    finished: bool = False
+    error: BaseException | None = None  # raised by its own machine; the others go on
+    ended: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or self.finished or self.error is not None or self.machine.done
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            if self.on_end is not None:
+                self.on_end(self)
+
+    def guard(self, work: Callable[..., object], *args: object) -> tuple[bool, object]:
+        """(ok, result) of this request's own work; an exception ends this request only."""
+        try:
+            return True, work(*args)
+        except Exception as exc:  # noqa: BLE001 - reported to this request's client
+            self.error = exc
+            return False, None
+
+
+@dataclass
+class StepReport:
+    """What one step did (for /metrics and the benchmark)."""
+
+    requests: int  # requests with rows in the forward
+    rows: int  # rows in the forward
+    guesses: int  # of which guesses
+    committed: int  # tokens committed by the step
+    seconds: float
+    gammas: list[int]  # guesses verified per decoding request
+
+
+class BatchScheduler:
+    """See the module docstring. `row_cost(n)`: v(n), a forward over n rows relative to one
+    row, on this machine (profiling.verify_cost_curve)."""
+
+    def __init__(self, model, config: BatchConfig | None = None,
+                 row_cost: Callable[[int], float] | None = None) -> None:
+        if not model.capabilities.has("ragged_batches"):
+            raise UnsupportedError(
+                f"the {model.capabilities.backend} backend cannot batch requests into one "
+                "forward (ragged_batches); serve them one per worker")
+        self.model = model
+        self.config = config or BatchConfig()
+        self.row_cost = row_cost or (lambda n: float(n))
+        self.active: list[Ticket] = []
+        self._joining: deque[Ticket] = deque()
+        self._lock = threading.Lock()
+        self.last: StepReport | None = None
+
+    # ---------------------------------------------------------------- membership
+    def submit(self, machine: SpeculativeSteps, on_step: Callable[[Step], None] | None = None,
+               on_end: Callable[[Ticket], None] | None = None) -> Ticket:
+        """Queue a request; it joins at the next step boundary with room."""
+        ticket = Ticket(machine, on_step, on_end)
+        with self._lock:
+            self._joining.append(ticket)
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The request leaves at the next step; nothing of it is computed after that."""
+        ticket.cancelled = True
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self.active and not self._joining
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._joining)
+
+    def _admit(self) -> None:
+        with self._lock:
+            gone = [t for t in self._joining if t.cancelled]
+            self._joining = deque(t for t in self._joining if not t.cancelled)
+            while self._joining and len(self.active) < self.config.max_batch:
+                self.active.append(self._joining.popleft())
+        for t in gone:
+            t.end()
+
+    def _retire(self) -> None:
+        """Finished, cancelled and failed requests leave; their caches go with them."""
+        for t in self.active:
+            if t.done:
+                t.end()
+        self.active = [t for t in self.active if not t.done]
+
+    # ---------------------------------------------------------------- one step
+    def step(self) -> list[tuple[Ticket, Step]]:
+        """One forward over every active request's rows; the Steps it committed."""
+        self._retire()
+        self._admit()
+        if not self.active:
+            return []
+        decoding = [t for t in self.active if not t.machine.prefilling]
+        prompting = [t for t in self.active if t.machine.prefilling][:1]
+        for t in decoding:
+            t.machine.gamma_cap = None
+        self._plan_guesses(decoding, base_rows=len(decoding) + sum(
+            min(t.machine.chunk, len(t.machine.prompt) - t.machine.prefilled)
+            for t in prompting))
+        tickets = [t for t in decoding + prompting if not t.done]
+        if not tickets:
+            self._retire()
+            return []
+        rows = [t.machine.rows() for t in tickets]
+        ids = torch.tensor([[tok for r in rows for tok in r.tokens]], dtype=torch.long)
+        positions = torch.tensor([[r.start + j for r in rows for j in range(len(r.tokens))]],
+                                 dtype=torch.long)
+        wanted, offset = [], 0
+        for r in rows:
+            if r.logits_from is not None:
+                wanted.extend(range(offset + r.logits_from, offset + len(r.tokens)))
+            offset += len(r.tokens)
+        caches = RaggedCaches([t.machine.segment() for t in tickets])
+        at = torch.tensor(wanted, dtype=torch.long) if wanted else None
+        now = time.perf_counter()
+        for t in tickets:
+            if t.started_at is None:
+                t.started_at = now
+        out = self.model(ids, positions, caches, logits_at=at)
+        seconds = time.perf_counter() - now
+        logits = out.logits[0] if out.logits is not None else None
+        total = caches.rows
+        results, read = [], 0
+        for t, r in zip(tickets, rows, strict=True):
+            t.machine.wrote()
+            n = r.logits_rows
+            mine = logits[read: read + n] if n else None
+            read += n
+            share = seconds * self.row_cost(len(r.tokens)) / self.row_cost(total)
+            ok, step = t.guard(t.machine.accept, mine, seconds, share)
+            if not ok or step is None:
+                continue
+            if step.finish is not None:
+                t.finished = True
+            if t.on_step is not None:
+                t.on_step(step)
+            results.append((t, step))
+        self.last = StepReport(len(tickets), total, sum(s.drafted for _, s in results),
+                               sum(len(s.tokens) for _, s in results), seconds,
+                               [len(t.machine.proposal.tokens) for t in decoding])
+        self._retire()
+        return results
+
+    def _plan_guesses(self, decoding: list[Ticket], base_rows: int) -> None:
+        """Propose for every decoding request; with two or more, let the controller choose
+        the guesses of the requests that allow it (model drafters before they draft)."""
+        adaptive = self.config.adaptive and len(decoding) > 1
+        chosen = [t for t in decoding if adaptive and t.machine.adaptive]
+        chosen_ids = {id(t) for t in chosen}
+        for t in decoding:  # fixed-γ requests and deterministic drafters propose first
+            if id(t) not in chosen_ids or not t.machine.drafts_with_model:
+                t.guard(t.machine.propose)
+        chosen = [t for t in chosen if not t.done]
+        if not chosen:
+            return
+        offers = []
+        for t in chosen:
+            m = t.machine
+            a = m.guess_acceptance()
+            k = (m.policy.max_gamma if m.drafts_with_model else len(m.proposal.tokens))
+            offers.append(Offer([a] * k, m.guess_cost()))
+        fixed_rows = sum(len(t.machine.proposal.tokens) for t in decoding
+                         if id(t) not in chosen_ids)
+        counts = allocate(offers, base_rows + fixed_rows, float(len(decoding)), self.row_cost)
+        for t, n in zip(chosen, counts, strict=True):
+            if t.machine.drafts_with_model:
+                t.machine.gamma_cap = n
+                t.guard(t.machine.propose)
+            else:
+                t.machine.trim(n)
+
+    # ---------------------------------------------------------------- driving it
+    def run(self) -> Iterator[tuple[Ticket, Step]]:
+        """Step until every submitted request is done."""
+        while not self.idle:
+            yield from self.step()
+            self._retire()

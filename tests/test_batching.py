@@ -1,0 +1,323 @@
+"""Many requests, one forward: ragged forwards, the step scheduler and its controller.
+
+Each request's output must be what it is alone: greedy token-identical in float32 (the
+tiny models' margins are far above the BLAS's row-order rounding), seeded sampling
+identical draw for draw when its γ is its own, and distribution-exact under a changing
+batch with the load-adaptive controller choosing γ (with a broken rule beside it that must
+fail). Joining, leaving, cancelling, starvation and a failing request are tested on the
+scheduler directly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_conformance import CHAIN_NEEDS, CHAIN_PROMPT, T1, VOCAB, WINDOW
+from test_speculative import perturbed_copy
+from tiny import hf_model, ours_from_hf, tiny_pair
+
+from draftsman.batching.controller import Offer, allocate, expected_gains
+from draftsman.batching.scheduler import BatchConfig, BatchScheduler
+from draftsman.core import GenerationConfig
+from draftsman.errors import UnsupportedError
+from draftsman.models.ragged import RaggedCaches, Segment
+from draftsman.proposers.draft_model import DraftModelProposer
+from draftsman.proposers.ngram import NGramProposer
+from draftsman.proposers.prompt_lookup import PromptLookupProposer
+from draftsman.sampling import SamplingConfig
+from draftsman.strategies import step_machine
+from draftsman.strategies.autoregressive import Autoregressive
+from draftsman.strategies.gamma import CostModelGamma, make_policy
+from draftsman.strategies.speculative import Speculative
+from draftsman.testing import check_exact, target_joint
+from draftsman.testing.in_batch import InBatch
+from draftsman.verification.chain import Verdict
+
+# ------------------------------------------------------------------ ragged forwards
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2"])
+def test_ragged_forward_equals_each_sequence_alone(family):
+    _, model = tiny_pair(family)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (5, 9, 3)]
+    news = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (1, 4, 20)]
+    alone, caches = [], []
+    for p, new in zip(prompts, news, strict=True):
+        for target in (alone, caches):
+            cache = model.new_cache(40)
+            model(torch.tensor([p]), torch.arange(len(p))[None], cache)
+            if target is alone:  # 20 rows alone take SDPA; in the batch they must too
+                pos = torch.arange(len(p), len(p) + len(new))[None]
+                alone.append((model(torch.tensor([new]), pos, cache).logits[0], cache))
+            else:
+                caches.append(cache)
+    segments = [Segment(c, len(p), len(n)) for c, p, n in zip(caches, prompts, news,
+                                                              strict=True)]
+    ids = torch.tensor([sum(news, [])])
+    pos = torch.tensor([[len(p) + j for p, n in zip(prompts, news, strict=True)
+                         for j in range(len(n))]])
+    out = model(ids, pos, RaggedCaches(segments)).logits[0]
+    torch.testing.assert_close(out, torch.cat([a for a, _ in alone]), rtol=1e-5, atol=1e-5)
+    for (_, ref), mine in zip(alone, caches, strict=True):
+        assert mine.length == ref.length
+        torch.testing.assert_close(mine.k[:, :, :, :ref.length], ref.k[:, :, :, :ref.length])
+
+
+def test_ragged_forward_refuses_what_it_cannot_do():
+    _, model = tiny_pair("llama")
+    caches = RaggedCaches([Segment(model.new_cache(8), 0, 2)])
+    with pytest.raises(UnsupportedError, match="ragged"):
+        model(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]), caches, layers=range(1))
+    with pytest.raises(ValueError, match="at least one row"):
+        RaggedCaches([Segment(model.new_cache(8), 0, 0)])
+
+
+# ------------------------------------------------------------------ the controller
+
+def test_controller_with_one_request_is_the_cost_model_gamma():
+    """One request: the controller's choice equals CostModelGamma's own best γ."""
+    for curve in ({n: 1 + 0.05 * (n - 1) for n in range(1, 40)},
+                  {n: 1 + 0.6 * (n - 1) for n in range(1, 40)},
+                  {n: float(n) for n in range(1, 40)}):
+        for alpha in (0.3, 0.6, 0.9):
+            policy = CostModelGamma(max_gamma=12, verify_cost=curve)
+            policy.cost = 0.02
+            best = policy._best_gamma(alpha, 12)
+            counts = allocate([Offer([alpha] * 12, 0.02)], 1, 1.0, lambda n, c=curve: c[n])
+            assert counts == [best], (curve[2], alpha)
+
+
+def test_controller_by_hand():
+    """Two requests on v(n) = 1 + 0.25 (n - 1): request A's guesses (α 0.9) are worth
+    0.9, 0.81, ...; B's (α 0.2) 0.2, 0.04. Rate with k rows of A only: (2 + Σ) / v(2 + k):
+    k=0: 2/1.25 = 1.6; k=1: 2.9/1.5 = 1.933; k=2: 3.71/1.75 = 2.12; k=3: 4.439/2 = 2.2195;
+    k=4: 5.095/2.25 = 2.264; k=5: 5.686/2.5 = 2.274; k=6: 6.217/2.75 = 2.261. Best: A 5, B 0
+    (B's 0.2 would give (5.686 + 0.2) / 2.75 = 2.14)."""
+    def cost(n):
+        return 1 + 0.25 * (n - 1)
+
+    assert expected_gains([0.9, 0.9]) == pytest.approx([0.9, 0.81])
+    counts = allocate([Offer([0.9] * 8), Offer([0.2] * 8)], 2, 2.0, cost)
+    assert counts == [5, 0]
+    # where each extra row costs a whole forward, no guess pays under load
+    assert allocate([Offer([0.9] * 8)] * 4, 4, 4.0, lambda n: float(n)) == [0, 0, 0, 0]
+    # a flat curve keeps every guess
+    assert allocate([Offer([0.9] * 3)] * 2, 2, 2.0, lambda n: 1.0) == [3, 3]
+
+
+# ------------------------------------------------------------------ greedy identity
+
+@pytest.fixture(scope="module")
+def pair():
+    hf, target = tiny_pair("llama", seed=3)
+    draft = perturbed_copy(target, 0.3, 5)
+    return target, draft
+
+
+def factories(target, draft):
+    """Every batchable kind of request: plain, n-gram (fixed γ), prompt lookup (cost
+    model: the controller may trim it), a draft model (fixed γ and cost model)."""
+    flat = {n: 1.0 + 0.02 * (n - 1) for n in range(1, 80)}
+
+    def auto(proposer):
+        policy = make_policy("auto", None, 8)
+        policy.calibrate(flat)
+        return Speculative(target, proposer, policy)
+
+    return [lambda: Autoregressive(target),
+            lambda: Speculative(target, NGramProposer(order=2), make_policy(3, None)),
+            lambda: auto(PromptLookupProposer()),
+            lambda: Speculative(target, DraftModelProposer(draft), make_policy(4, None)),
+            lambda: auto(DraftModelProposer(draft))]
+
+
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9], [3],
+           [11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13], [40, 41, 40, 41, 40]]
+
+
+def alone(make, prompt, config):
+    return [t for s in make().generate(list(prompt), config) for t in s.tokens]
+
+
+def test_batched_greedy_equals_each_request_alone_and_guesses_pay(pair):
+    target, draft = pair
+    config = GenerationConfig(24, SamplingConfig())
+    makers = factories(target, draft)
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=5, prefill_chunk=4),
+                               lambda n: 1.0 + 0.02 * (n - 1))
+    outputs = {i: [] for i in range(len(makers))}
+    steps = {i: [] for i in range(len(makers))}
+    for i, (make, prompt) in enumerate(zip(makers, PROMPTS, strict=True)):
+        scheduler.submit(make().steps(prompt, config, 4),
+                         lambda s, i=i: (outputs[i].extend(s.tokens), steps[i].append(s)))
+    most = 0
+    while not scheduler.idle:
+        scheduler.step()
+        most = max(most, scheduler.last.requests if scheduler.last else 0)
+    assert most == len(makers)  # they really shared forwards
+    for i, (make, prompt) in enumerate(zip(makers, PROMPTS, strict=True)):
+        assert outputs[i] == alone(make, prompt, config), i
+    assert sum(s.accepted for i in (1, 2, 3, 4) for s in steps[i]) > 10  # guesses were kept
+    assert any(s.rejected for i in (3, 4) for s in steps[i])  # and refused
+
+
+def test_requests_join_and_leave_mid_stream(pair):
+    target, draft = pair
+    makers = factories(target, draft)
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=3, prefill_chunk=5))
+    configs = [GenerationConfig(n, SamplingConfig()) for n in (30, 6, 12, 9)]
+    got = {i: [] for i in range(4)}
+    joins = {0: [0, 1], 3: [2], 7: [3]}  # step index -> requests joining then
+    for step in range(200):
+        for i in joins.get(step, []):
+            scheduler.submit(makers[i + 1]().steps(PROMPTS[i], configs[i], 5),
+                             lambda s, i=i: got[i].extend(s.tokens))
+        if step > 8 and scheduler.idle:
+            break
+        scheduler.step()
+    for i in range(4):
+        assert got[i] == alone(makers[i + 1], PROMPTS[i], configs[i]), i
+
+
+def test_cancel_one_request_leaves_the_others_untouched(pair):
+    target, draft = pair
+    makers = factories(target, draft)
+    config = GenerationConfig(20, SamplingConfig())
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=3))
+    got = {i: [] for i in range(3)}
+    ended = []
+    tickets = [scheduler.submit(makers[i]().steps(PROMPTS[i], config),
+                                lambda s, i=i: got[i].extend(s.tokens), ended.append)
+               for i in range(3)]
+    for _ in range(3):
+        scheduler.step()
+    scheduler.cancel(tickets[1])
+    seen = len(got[1])
+    while not scheduler.idle:
+        scheduler.step()
+    assert len(got[1]) == seen and seen < 20  # nothing after the cancel
+    assert tickets[1] in ended and tickets[1].cancelled and len(ended) == 3
+    for i in (0, 2):
+        assert got[i] == alone(makers[i], PROMPTS[i], config)
+
+
+def test_a_long_generation_does_not_starve_a_new_short_one(pair):
+    """Bound: a request joining a full batch waits for one slot; one that joins with room
+    commits its first token within ceil(prompt / chunk) steps and finishes within that
+    plus max_new steps, however long the others run."""
+    target, _ = pair
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=2, prefill_chunk=4))
+    long = Autoregressive(target).steps(list(range(1, 30)), GenerationConfig(150), 4)
+    scheduler.submit(long)
+    for _ in range(10):
+        scheduler.step()
+    short_prompt, short_new = list(range(30, 41)), 5
+    done_at = []
+    ticket = scheduler.submit(Autoregressive(target).steps(short_prompt,
+                                                           GenerationConfig(short_new), 4))
+    for step in range(1, 100):
+        scheduler.step()
+        if ticket.done:
+            done_at.append(step)
+            break
+    assert done_at and done_at[0] <= -(-len(short_prompt) // 4) + short_new
+    assert not long.done  # the long one was still going
+
+
+def test_a_failing_request_gets_its_own_error_and_nothing_else_changes(pair, monkeypatch):
+    target, draft = pair
+    makers = factories(target, draft)
+    config = GenerationConfig(16, SamplingConfig())
+
+    class Broken(NGramProposer):
+        def propose(self, committed, gamma, sampler, stop_below=None):
+            if len(committed) > 12:
+                raise RuntimeError("drafter broke")
+            return super().propose(committed, gamma, sampler, stop_below)
+
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=3))
+    got = {i: [] for i in range(3)}
+    bad = scheduler.submit(Speculative(target, Broken(order=2), make_policy(3, None)).steps(
+        PROMPTS[0], config), lambda s: got[1].extend(s.tokens))
+    for i in (0, 2):
+        scheduler.submit(makers[i]().steps(PROMPTS[i], config),
+                         lambda s, i=i: got[i].extend(s.tokens))
+    while not scheduler.idle:
+        scheduler.step()
+    assert isinstance(bad.error, RuntimeError) and "drafter broke" in str(bad.error)
+    for i in (0, 2):
+        assert got[i] == alone(makers[i], PROMPTS[i], config)
+
+
+def test_a_backend_without_ragged_forwards_is_refused(pair):
+    from draftsman.models.static_step import StaticModel
+
+    with pytest.raises(UnsupportedError, match="ragged_batches"):
+        BatchScheduler(StaticModel(pair[0]))
+
+
+# ------------------------------------------------------------------ sampling
+
+def test_seeded_sampling_draws_do_not_depend_on_the_batch(pair):
+    """A request's draws come from its own generator in its own order: with its γ its own
+    (fixed), its sampled tokens in a changing batch equal its tokens alone, seed by seed."""
+    target, draft = pair
+    make = factories(target, draft)[3]  # draft model, fixed γ 4
+    company = factories(target, draft)[2]
+    harness = InBatch(target, make, company, vocab=97)
+    for seed in range(6):
+        config = GenerationConfig(12, SamplingConfig(1.0, seed=seed))
+        mine = [t for s in harness.generate(PROMPTS[0], config) for t in s.tokens]
+        assert mine == alone(make, PROMPTS[0], config), seed
+
+
+@pytest.fixture(scope="module")
+def small():
+    target = ours_from_hf(hf_model("llama", seed=11, vocab_size=VOCAB, num_hidden_layers=1))
+    with torch.no_grad():
+        target.lm_head.weight.mul_(12)
+    draft = perturbed_copy(target, 0.6, 12)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.5)
+    return target, draft
+
+
+def batched_draft_case(target, draft):
+    """The draft-model chain of the conformance suite, under the cost-model controller, in
+    a batch others join and leave, on a nearly flat cost curve (guesses pay, γ varies)."""
+    def make():
+        policy = make_policy("auto", None, 3)
+        policy.calibrate({n: 1 + 0.02 * (n - 1) for n in range(1, 40)}, 0.05)
+        return Speculative(target, DraftModelProposer(draft), policy)
+
+    return InBatch(target, make, make, vocab=VOCAB,
+                   row_cost=lambda n: 1 + 0.02 * (n - 1))
+
+
+def test_sampling_in_a_changing_batch_is_the_targets_distribution(small):
+    target, draft = small
+    expected = target_joint(target, CHAIN_PROMPT, WINDOW, T1)
+    result = check_exact(batched_draft_case(target, draft), CHAIN_PROMPT, expected, T1,
+                         draws=1500, require=CHAIN_NEEDS)
+    print(result.table())
+    assert result.passed(), result.table()
+
+
+def test_a_broken_rule_in_a_batch_is_caught(small, monkeypatch):
+    """Negative control: keep the drafts' tokens but draw the next token from the draft's
+    distribution (the bonus-from-the-draft bug): the same test must reject it."""
+    target, draft = small
+    real = step_machine.verify_sampling
+
+    def bonus_from_draft(drafts, q, p, sampler):
+        verdict = real(drafts, q, p, sampler)
+        if drafts and q is not None and verdict.accepted == len(drafts):
+            return Verdict(verdict.accepted, sampler.draw(q[-1]), False)
+        return verdict
+
+    monkeypatch.setattr(step_machine, "verify_sampling", bonus_from_draft)
+    expected = target_joint(target, CHAIN_PROMPT, WINDOW, T1)
+    result = check_exact(batched_draft_case(target, draft), CHAIN_PROMPT, expected, T1,
+                         draws=1500)
+    assert result.p_joint < 1e-6, result.table()
