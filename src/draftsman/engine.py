@@ -9,7 +9,7 @@ The CLI, the server and the benchmark all go through `Engine.stream`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -370,13 +370,24 @@ class Engine:
     def stream(self, prompt, **kwargs: Any) -> Iterator[Event]:
         return self.run(self.prepare(prompt, **kwargs))
 
-    def _events(self, steps: Iterator[Step], stops: StopMatcher) -> Iterator[Event]:
+    def text_events(self, stops: StopMatcher) -> Callable[[Step], Event]:
+        """Step -> Event for one request: its text delta and clipping at stop strings; the
+        Event whose `finish` is set is the request's last."""
         text = TextStream(self.target.tokenizer.decode, stops)
+
+        def event(step: Step) -> Event:
+            delta = text.push(list(step.tokens), step.finish)
+            return Event(step, delta.tokens, delta.text, delta.finish)
+
+        return event
+
+    def _events(self, steps: Iterator[Step], stops: StopMatcher) -> Iterator[Event]:
+        event_of = self.text_events(stops)
         try:
             for step in steps:
-                delta = text.push(list(step.tokens), step.finish)
-                yield Event(step, delta.tokens, delta.text, delta.finish)
-                if delta.finish is not None:
+                event = event_of(step)
+                yield event
+                if event.finish is not None:
                     return
         finally:
             close = getattr(steps, "close", None)

@@ -176,7 +176,13 @@ class BatchScheduler:
         for t in tickets:
             if t.started_at is None:
                 t.started_at = now
-        out = self.model(ids, positions, caches, logits_at=at)
+        try:
+            out = self.model(ids, positions, caches, logits_at=at)
+        except Exception as exc:  # noqa: BLE001 - the shared forward failed: its requests end
+            for t in tickets:
+                t.error = exc
+            self._retire()
+            return []
         seconds = time.perf_counter() - now
         logits = out.logits[0] if out.logits is not None else None
         total = caches.rows

@@ -61,7 +61,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the model id clients send (default: the --target name, or the "
                         "folder name for a path)")
     p.add_argument("--parallel", type=int, default=1,
-                   help="requests generated at once, one thread each (default: 1)")
+                   help="requests decoded together, one target forward per step for all of "
+                        "them (torch backend; methods that cannot share a forward run one at "
+                        "a time beside them; llama.cpp and --no-batch: one thread each) "
+                        "(default: 1)")
+    p.add_argument("--no-batch", action="store_true",
+                   help="generate each request alone on its own worker thread, as before "
+                        "batching (for comparison)")
+    p.add_argument("--prefill-chunk", type=int, default=128,
+                   help="prompt tokens a new request reads per step while the others "
+                        "decode (default: 128)")
+    p.add_argument("--max-kv-tokens", type=int, default=None,
+                   help="KV cache slots all admitted requests may reserve together (prompt "
+                        "+ max_tokens + 18 each); beyond it, 429 (default: --parallel x the "
+                        "context)")
+    p.add_argument("--fixed-gamma-under-load", action="store_true",
+                   help="keep each request's own gamma=auto choice when batched, instead of "
+                        "letting the load-adaptive controller spend the step's rows")
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests waiting beyond --parallel before 429 (default: 16)")
     p.add_argument("--max-tokens-cap", type=int, default=2048,
@@ -89,9 +105,11 @@ def api_keys(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) 
 
 
 def _check_limits(args: argparse.Namespace) -> None:
-    for name in ("parallel", "max_tokens_cap"):
+    for name in ("parallel", "max_tokens_cap", "prefill_chunk"):
         if getattr(args, name) < 1:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.max_kv_tokens is not None and args.max_kv_tokens < 1:
+        raise InvalidArgumentError("--max-kv-tokens must be >= 1")
     if args.history_tokens < 0:
         raise InvalidArgumentError("--history-tokens must be >= 0")
     if args.max_queue < 0:
@@ -159,7 +177,9 @@ def build_app(args: argparse.Namespace):
         options=options, drafts=drafts, parallel=args.parallel, max_queue=args.max_queue,
         max_tokens_cap=args.max_tokens_cap, max_prompt_tokens=args.max_prompt_tokens,
         default_draft=main_draft, api_keys=api_keys(args),
-        history_tokens=args.history_tokens)
+        history_tokens=args.history_tokens, batch=not args.no_batch,
+        prefill_chunk=args.prefill_chunk, max_kv_tokens=args.max_kv_tokens,
+        adaptive=not args.fixed_gamma_under_load)
     logging.getLogger("draftsman.server").info(
         "%d API key(s); history of up to %d tokens", len(settings.api_keys),
         settings.history_tokens)

@@ -26,12 +26,14 @@ from prometheus_client import (
     generate_latest,
 )
 
+from draftsman.batching.scheduler import StepReport
 from draftsman.core import Stats
 from draftsman.proposers.history import HistoryStore
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 TAU_BUCKETS = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 12)
+COUNT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 
 
 @dataclass
@@ -93,6 +95,30 @@ class Metrics:
         self.tokens_per_second = Histogram("draftsman_tokens_per_second",
                                            "Generation speed per request (after the queue)",
                                            ["method"], buckets=RATE_BUCKETS, registry=r)
+        self.batch_requests = Histogram("draftsman_batch_requests", "Requests sharing "
+                                        "one target forward", buckets=COUNT_BUCKETS,
+                                        registry=r)
+        self.batch_rows = Histogram("draftsman_batch_rows", "Rows in one batched forward "
+                                    "(pending tokens, guesses, prompt chunks)",
+                                    buckets=COUNT_BUCKETS, registry=r)
+        self.batch_gamma = Histogram("draftsman_batch_gamma", "Guesses verified per "
+                                     "decoding request in a batched step",
+                                     buckets=COUNT_BUCKETS, registry=r)
+        self.batch_committed = Histogram("draftsman_batch_committed_tokens", "Tokens one "
+                                         "batched step committed, over its requests",
+                                         buckets=COUNT_BUCKETS, registry=r)
+        self.batch_seconds = Histogram("draftsman_batch_step_seconds", "Wall time of one "
+                                       "batched forward", buckets=LATENCY_BUCKETS,
+                                       registry=r)
+
+    def batch_step(self, report: StepReport) -> None:
+        """One step of the batch scheduler: how full it was and what it committed."""
+        self.batch_requests.observe(report.requests)
+        self.batch_rows.observe(report.rows)
+        for gamma in report.gammas:
+            self.batch_gamma.observe(gamma)
+        self.batch_committed.observe(report.committed)
+        self.batch_seconds.observe(report.seconds)
 
     def watch_history(self, store: HistoryStore) -> None:
         """The cross-request history store's size, read at scrape time."""

@@ -141,10 +141,10 @@ class Tally:
 
 
 class QueueFull(ApiError):
-    def __init__(self, retry_after: int, capacity: int) -> None:
-        super().__init__(429, f"the server is busy ({capacity} requests admitted); retry in "
-                              f"{retry_after} s", code="rate_limit_exceeded",
-                         headers={"Retry-After": str(retry_after)})
+    def __init__(self, retry_after: int, capacity: int, why: str = "") -> None:
+        busy = why or f"{capacity} requests admitted"
+        super().__init__(429, f"the server is busy ({busy}); retry in {retry_after} s",
+                         code="rate_limit_exceeded", headers={"Retry-After": str(retry_after)})
 
 
 class Scheduler:
@@ -167,8 +167,11 @@ class Scheduler:
         self._all: set[Job] = set()  # admitted and not finished
         self._closed = False
         self._mean_seconds = 1.0  # moving average of run time, for Retry-After
-        self._threads = [threading.Thread(target=self._work, name=f"draftsman-worker-{i}",
-                                          daemon=True) for i in range(parallel)]
+        self._threads = self._make_threads()
+
+    def _make_threads(self) -> list[threading.Thread]:
+        return [threading.Thread(target=self._work, name=f"draftsman-worker-{i}", daemon=True)
+                for i in range(self.parallel)]
 
     # ---- life cycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -206,10 +209,17 @@ class Scheduler:
                 raise ApiError(503, "the server is shutting down", code="shutting_down")
             if self.waiting + self.running >= self.capacity:
                 raise QueueFull(self._retry_after(), self.capacity)
+            self._reserve(job)
             self.waiting += 1
             self._all.add(job)
         self._jobs.put(job)
         return job
+
+    def _reserve(self, job: Job) -> None:
+        """Admission beyond the request count (under the lock); raise QueueFull to refuse."""
+
+    def _release(self, job: Job) -> None:
+        """Undo `_reserve` (under the lock), when the job leaves the count."""
 
     def _retry_after(self) -> int:
         """Seconds until a slot is likely free: queued work spread over the workers."""
@@ -223,6 +233,7 @@ class Scheduler:
             job.state = CANCELLED
             self.waiting -= 1
             self._all.discard(job)
+            self._release(job)
         job.emit(Finished(cancelled=True, queue_seconds=time.perf_counter() - job.enqueued_at,
                           run_seconds=0.0))
 
@@ -242,18 +253,23 @@ class Scheduler:
             try:
                 finished, reply = self._run(job)
             finally:
-                # the slot is free before the client can see the end of its response, so a
-                # request sent right after it is never refused for this one (exact 429 bound)
-                with self._lock:
-                    job.state = DONE
-                    self.running -= 1
-                    self._all.discard(job)
-                job.emit(finished or Finished(cancelled=True, queue_seconds=0.0,
-                                              run_seconds=0.0))
-            scope = job.request.config.history
-            if self.history is not None and finished.error is None and isinstance(scope, Scope):
-                # after the client has its answer: remembering costs it no latency
-                self.history.add(scope.name, job.request.prompt_ids + reply)
+                self._finish(job, finished or Finished(cancelled=True, queue_seconds=0.0,
+                                                       run_seconds=0.0), reply)
+
+    def _finish(self, job: Job, finished: Finished, reply: list[int]) -> None:
+        """Free the job's slot, then end its response: the slot is free before the client
+        can see the end, so a request sent right after it is never refused for this one
+        (exact 429 bound). Then remember the exchange for history drafters."""
+        with self._lock:
+            job.state = DONE
+            self.running -= 1
+            self._all.discard(job)
+            self._release(job)
+        job.emit(finished)
+        scope = job.request.config.history
+        if self.history is not None and finished.error is None and isinstance(scope, Scope):
+            # after the client has its answer: remembering costs it no latency
+            self.history.add(scope.name, job.request.prompt_ids + reply)
 
     def _run(self, job: Job) -> tuple[Finished, list[int]]:
         """Generate until done or cancelled; returns the `Finished` to emit (the caller

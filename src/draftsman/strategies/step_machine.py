@@ -97,8 +97,12 @@ class SpeculativeSteps:
     @property
     def adaptive(self) -> bool:
         """Whether a batch controller may choose this request's guesses (the cost-model
-        policy, `gamma=auto`); a fixed γ the request asked for is kept."""
-        return self.proposer is not None and isinstance(self.policy, CostModelGamma)
+        policy, `gamma=auto`); a fixed γ the request asked for is kept, and so is the γ of
+        a seeded sampled request: its draws follow its γ, and a seed promises the same
+        tokens whatever else the server is doing."""
+        seeded = not self.sampler.greedy and self.config.sampling.seed is not None
+        return (self.proposer is not None and isinstance(self.policy, CostModelGamma)
+                and not seeded)
 
     def guess_acceptance(self) -> float:
         """The learnt probability that one more guess like this step's is kept."""

@@ -1,0 +1,92 @@
+"""The server with batching: requests decoded together give what each gives alone, the
+steps are seen in /metrics, methods that cannot share a forward still run, and the KV
+budget refuses with 429."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+from test_server import AR, NAME, engine, model_dirs, reference, serving, total  # noqa: F401
+
+from draftsman.server.batch_worker import BatchingScheduler
+from draftsman.server.worker import Scheduler
+
+PROMPTS = ["the quick brown fox jumps over the lazy dog the quick brown fox",
+           "def add(a, b): return a + b def add(a, b): return",
+           "one two three one two three one two",
+           "speculative decoding drafts tokens and target checks them"]
+LOOKUP = {"draftsman": {"method": "speculative", "draft": "prompt-lookup", "gamma": "auto"}}
+
+
+def test_four_users_share_forwards_and_each_gets_its_own_text(engine):  # noqa: F811
+    with serving(engine, parallel=4) as live:
+        assert isinstance(live.app.state.server.scheduler, BatchingScheduler)
+        client = live.client(timeout=120)
+
+        def ask(prompt):
+            return client.completions.create(model=NAME, prompt=prompt, max_tokens=40,
+                                             temperature=0, extra_body=LOOKUP).choices[0].text
+
+        with ThreadPoolExecutor(4) as pool:
+            texts = list(pool.map(ask, PROMPTS * 2))
+        metrics = live.metrics()
+    for prompt, text in zip(PROMPTS * 2, texts, strict=True):
+        ref = reference(engine, prompt, max_new_tokens=40, method="speculative",
+                        draft="prompt-lookup", gamma="auto")
+        assert text == ref.text, prompt
+    steps = total(metrics, "draftsman_batch_requests_count")
+    assert steps > 0
+    # more than one request per forward on average: they really were batched
+    assert total(metrics, "draftsman_batch_requests_sum") > 1.2 * steps
+    assert total(metrics, "draftsman_batch_committed_tokens_sum") == total(
+        metrics, "draftsman_generation_tokens_total")
+
+
+def test_a_method_that_cannot_share_a_forward_runs_beside_the_batch(engine):  # noqa: F811
+    tree = {"draftsman": {"method": "speculative", "draft": "ngram", "branches": 2}}
+    with serving(engine, parallel=2) as live:
+        client = live.client(timeout=120)
+        with ThreadPoolExecutor(3) as pool:
+            jobs = [pool.submit(client.completions.create, model=NAME, prompt=p,
+                                max_tokens=24, temperature=0, extra_body=body)
+                    for p, body in ((PROMPTS[0], tree), (PROMPTS[1], AR), (PROMPTS[2], AR))]
+            texts = [j.result().choices[0].text for j in jobs]
+    assert texts[0] == reference(engine, PROMPTS[0], max_new_tokens=24, method="speculative",
+                                 draft="ngram", branches=2).text
+    for prompt, text in zip(PROMPTS[1:3], texts[1:], strict=True):
+        assert text == reference(engine, prompt, max_new_tokens=24,
+                                 method="autoregressive").text
+
+
+def test_the_kv_budget_refuses_with_429_and_frees_on_finish(engine):  # noqa: F811
+    with serving(engine, parallel=2, max_kv_tokens=200) as live:
+        client = live.client(timeout=60)
+        first = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=150,
+                                          temperature=0, stream=True, extra_body=AR)
+        next(iter(first))
+        with pytest.raises(openai.RateLimitError, match="KV cache budget"):
+            client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=100,
+                                      temperature=0, extra_body=AR)
+        first.close()
+        r = None
+        for _ in range(100):  # the cancelled stream's slots free at its next step
+            try:
+                r = client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=100,
+                                              temperature=0, extra_body=AR)
+                break
+            except openai.RateLimitError:
+                import time
+                time.sleep(0.05)
+        assert r is not None and r.usage.completion_tokens > 0
+
+
+def test_no_batch_keeps_one_worker_per_request(engine):  # noqa: F811
+    with serving(engine, parallel=2, batch=False) as live:
+        scheduler = live.app.state.server.scheduler
+        assert type(scheduler) is Scheduler
+        r = live.client().completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=8,
+                                             temperature=0, extra_body=AR)
+        assert r.choices[0].text == reference(engine, PROMPTS[2], max_new_tokens=8,
+                                              method="autoregressive").text
