@@ -46,6 +46,12 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
     -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=ON >/dev/null
 fi
+#   scripts/build_llama_cpp.sh .venv llama-server   its HTTP server (the load benchmark's peer)
+if [[ " ${todo[*]} " == *" llama-server "* ]]; then
+  # the server is one of llama.cpp's tools, off in the library build: turn them on here only
+  cmake -S "$SRC" -B "$BUILD" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_OPENSSL=OFF >/dev/null
+fi
 echo "building llama.cpp $VERSION (${todo[*]}) with native CPU flags; once, several minutes..."
 cmake --build "$BUILD" --parallel "$(nproc)" --target "${todo[@]}"
 

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "draftsman.cli.theory_cmd",
     "draftsman.cli.bench_cmd",
     "draftsman.cli.serve_cmd",
+    "draftsman.cli.loadtest_cmd",
     "draftsman.cli.train_cmd",
     "draftsman.cli.analyze_cmd",
     "draftsman.cli.profile_cmd",

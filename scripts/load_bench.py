@@ -1,0 +1,110 @@
+"""Start the servers of the load benchmark, run `draftsman loadtest` against them, stop them.
+
+    .venv/bin/python scripts/load_bench.py --out bench-results/load-amx
+
+Contestants, each on the same GGUF (the target's Q4_K file) and the same threads:
+- ours, batched: `draftsman serve --dtype q4 --parallel P`, timed with prompt lookup
+  (`gamma=auto`, the load-adaptive controller on) and, on the same server, with speculation
+  off (autoregressive requests);
+- ours as before batching: the same with `--no-batch` (one worker thread per request);
+- llama.cpp's `llama-server -np P` from the same vendored source (built by
+  `scripts/build_llama_cpp.sh .venv llama-server`), skipped with a line if not built.
+P is the largest concurrency, so every level has a slot per client. Servers idle while
+another is timed; nothing else should run on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+GGUF_HOME = Path(os.environ.get("DRAFTSMAN_HOME", Path.home() / ".cache" / "draftsman")) / "gguf"
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server at {url} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"server at {url} not healthy after {timeout} s")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--concurrency", default="1,4,8")
+    p.add_argument("--limit", type=int, default=3, help="prompts per dataset")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    parallel = max(int(c) for c in args.concurrency.split(","))
+    serve = [str(VENV / "bin" / "draftsman"), "serve", "--target", args.target, "--backend",
+             "torch", "--dtype", "q4", "--threads", str(args.threads), "--parallel",
+             str(parallel), "--max-queue", "64", "--method", "speculative", "--option",
+             "draft=prompt-lookup", "--option", "gamma=auto", "--log-level", "warning"]
+    commands = {
+        "ours-batched": (8101, serve + ["--port", "8101"]),
+        "ours-no-batch": (8102, serve + ["--port", "8102", "--no-batch"]),
+    }
+    llama_server = VENV / "llama.cpp" / "bin" / "llama-server"
+    if llama_server.exists():
+        commands["llama-server"] = (8103, [
+            str(llama_server), "-m", str(GGUF_HOME / f"{args.target}.gguf"), "-t",
+            str(args.threads), "-tb", str(args.threads), "-np", str(parallel), "-c",
+            str(2048 * parallel), "--port", "8103", "--jinja"])
+    else:
+        print(f"llama-server not built ({llama_server}); run scripts/build_llama_cpp.sh "
+              ".venv llama-server to include it", file=sys.stderr)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(VENV / "llama.cpp" / "lib")}
+    procs = {}
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        for name, (_, cmd) in commands.items():
+            with open(logs / f"{name}.log", "w") as log:  # the child keeps its own handle
+                procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                               stderr=log)
+        for name, (port, _) in commands.items():
+            wait_healthy(f"http://127.0.0.1:{port}", procs[name])
+        off = json.dumps({"draftsman": {"method": "autoregressive"}})
+        servers = ["ours-batched+lookup=http://127.0.0.1:8101",
+                   f"ours-batched+plain=http://127.0.0.1:8101#{off}",
+                   "ours-no-batch+lookup=http://127.0.0.1:8102"]
+        if "llama-server" in commands:
+            servers.append("llama-server=http://127.0.0.1:8103")
+        cmd = [str(VENV / "bin" / "draftsman"), "loadtest", "--concurrency",
+               args.concurrency, "--limit", str(args.limit), "--max-tokens",
+               str(args.max_tokens), "--rounds", str(args.rounds), "--out", str(args.out)]
+        for s in servers:
+            cmd += ["--server", s]
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "command.txt").write_text(" ".join(sys.argv) + "\n" + " ".join(cmd) + "\n"
+                                              + json.dumps({k: c for k, (_, c) in
+                                                            commands.items()}, indent=1))
+        return subprocess.run(cmd, env=env).returncode
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
