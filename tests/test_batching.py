@@ -321,3 +321,36 @@ def test_a_broken_rule_in_a_batch_is_caught(small, monkeypatch):
     result = check_exact(batched_draft_case(target, draft), CHAIN_PROMPT, expected, T1,
                          draws=1500)
     assert result.p_joint < 1e-6, result.table()
+
+
+def test_requests_sharing_a_draft_model_draft_together(pair):
+    """Three draft-model requests: their guesses come from shared draft forwards (fewer
+    forwards than guesses drafted), and each output is still its own alone."""
+    target, draft = pair
+    make = factories(target, draft)[3]  # draft model, fixed γ 4
+    calls = []
+    real = type(draft).forward
+
+    class Counting(type(draft)):
+        def forward(self, *args, **kwargs):
+            calls.append(1)
+            return real(self, *args, **kwargs)
+
+    draft.__class__ = Counting
+    try:
+        config = GenerationConfig(20, SamplingConfig())
+        scheduler = BatchScheduler(target, BatchConfig(max_batch=3))
+        got = {i: [] for i in range(3)}
+        steps = []
+        for i in range(3):
+            scheduler.submit(make().steps(PROMPTS[i], config),
+                             lambda s, i=i: (got[i].extend(s.tokens), steps.append(s)))
+        while not scheduler.idle:
+            scheduler.step()
+        shared = len(calls)
+    finally:
+        draft.__class__ = Counting.__mro__[1]
+    drafted_forwards = sum(s.draft_forwards for s in steps)
+    assert shared < 0.6 * drafted_forwards, (shared, drafted_forwards)
+    for i in range(3):
+        assert got[i] == alone(make, PROMPTS[i], config)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsman.batching.controller import Offer, allocate
+from draftsman.batching.drafting import batchable_drafter, draft_together
 from draftsman.core import Step
 from draftsman.errors import UnsupportedError
 from draftsman.models.ragged import RaggedCaches
@@ -208,32 +209,65 @@ class BatchScheduler:
         return results
 
     def _plan_guesses(self, decoding: list[Ticket], base_rows: int) -> None:
-        """Propose for every decoding request; with two or more, let the controller choose
-        the guesses of the requests that allow it (model drafters before they draft)."""
+        """Every decoding request's guesses for this step. Drafters without a model propose
+        first; with two or more requests the controller then trims the guesses of those
+        that let it choose and caps their draft models' γ; then draft models draft, those
+        sharing a model together (drafting.py)."""
         adaptive = self.config.adaptive and len(decoding) > 1
         chosen = [t for t in decoding if adaptive and t.machine.adaptive]
         chosen_ids = {id(t) for t in chosen}
-        for t in decoding:  # fixed-γ requests and deterministic drafters propose first
-            if id(t) not in chosen_ids or not t.machine.drafts_with_model:
+        later = [t for t in decoding if t.machine.drafts_with_model
+                 and (id(t) in chosen_ids or batchable_drafter(t.machine))]
+        later_ids = {id(t) for t in later}
+        for t in decoding:
+            if id(t) not in later_ids:
                 t.guard(t.machine.propose)
         chosen = [t for t in chosen if not t.done]
-        if not chosen:
-            return
+        if chosen:
+            self._control(decoding, chosen, base_rows)
+        groups: dict[int, list[tuple[Ticket, int]]] = {}
+        for t in later:
+            if t.done:
+                continue
+            if not batchable_drafter(t.machine):
+                t.guard(t.machine.propose)
+                continue
+            ok, gamma = t.guard(t.machine.draft_length)
+            if ok:
+                groups.setdefault(id(t.machine.proposer.model), []).append((t, gamma))
+        for group in groups.values():
+            self._draft(group)
+
+    def _control(self, decoding: list[Ticket], chosen: list[Ticket], base_rows: int) -> None:
+        """The controller's counts for `chosen`: trims a deterministic drafter's guesses,
+        caps a draft model's γ before it drafts."""
         offers = []
         for t in chosen:
             m = t.machine
-            a = m.guess_acceptance()
-            k = (m.policy.max_gamma if m.drafts_with_model else len(m.proposal.tokens))
-            offers.append(Offer([a] * k, m.guess_cost()))
+            k = m.policy.max_gamma if m.drafts_with_model else len(m.proposal.tokens)
+            offers.append(Offer([m.guess_acceptance()] * k, m.guess_cost()))
         fixed_rows = sum(len(t.machine.proposal.tokens) for t in decoding
-                         if id(t) not in chosen_ids)
+                         if not t.machine.drafts_with_model and t not in chosen)
         counts = allocate(offers, base_rows + fixed_rows, float(len(decoding)), self.row_cost)
         for t, n in zip(chosen, counts, strict=True):
             if t.machine.drafts_with_model:
                 t.machine.gamma_cap = n
-                t.guard(t.machine.propose)
             else:
                 t.machine.trim(n)
+
+    def _draft(self, group: list[tuple[Ticket, int]]) -> None:
+        """Requests sharing a draft model draft together; each is charged its share."""
+        machines = [t.machine for t, _ in group]
+        try:
+            seconds = draft_together(machines, [g for _, g in group])
+        except Exception as exc:  # noqa: BLE001 - the shared draft forward failed
+            for t, _ in group:
+                t.error = exc
+            return
+        drafting = [m for m, (_, g) in zip(machines, group, strict=True) if g > 0]
+        for m in drafting:
+            m.timer.seconds["draft"] = m.timer.seconds.get("draft", 0.0) + (
+                seconds / len(drafting))
 
     # ---------------------------------------------------------------- driving it
     def run(self) -> Iterator[tuple[Ticket, Step]]:

@@ -125,12 +125,24 @@ class SpeculativeSteps:
     # ---------------------------------------------------------------- the cycle
     def propose(self) -> Proposal:
         """This step's guesses (as the request's policy plans them; none while prefilling)."""
-        self.proposal, self._key = NO_GUESS, None
+        gamma = self.draft_length()
+        if not gamma:
+            return self.take(Proposal([], None))
+        with self.timer("draft"):
+            proposal = self.proposer.propose(self.committed, gamma, self.sampler,
+                                             self.policy.stop_below)
+        return self.take(proposal)
+
+    def draft_length(self) -> int:
+        """How many guesses to ask the drafter for this step (0: none). The first call
+        starts the proposer on the prompt. `propose` = this, the drafter, then `take`;
+        a batch drafts several requests' guesses together between the two."""
+        self.proposal, self._key, self._gamma, self._wanted = NO_GUESS, None, 0, 0
         if self.prefilling or self.done or self.proposer is None:
-            return self.proposal
-        policy, timer = self.policy, self.timer
+            return 0
+        policy = self.policy
         if not self._started:
-            with timer("draft"):
+            with self.timer("draft"):
                 self.proposer.use_history(self.config.history)
                 self.proposer.start(self.prompt, self.capacity)
             self._started = True
@@ -138,16 +150,20 @@ class SpeculativeSteps:
         wanted = policy.max_gamma if planned else policy.next_gamma()
         if self.gamma_cap is not None and not planned:
             wanted = min(wanted, self.gamma_cap)
-        gamma = min(wanted, self.budget.remaining - 1)
-        with timer("draft"):
-            proposal = (self.proposer.propose(self.committed, gamma, self.sampler,
-                                              policy.stop_below)
-                        if gamma > 0 else Proposal([], None))
+        self._wanted = wanted
+        self._gamma = max(0, min(wanted, self.budget.remaining - 1))
+        return self._gamma
+
+    def take(self, proposal: Proposal) -> Proposal:
+        """The drafter's guesses for this step; a deterministic drafter's are cut to what
+        the policy plans for guesses of their match length."""
+        planned = (self.proposer is not None and self.policy.plans_guesses
+                   and not self.proposer.uses_model)
         key = proposal.extra.get("match") if planned else None
         if planned and proposal.tokens:
-            proposal.tokens = proposal.tokens[: policy.plan(len(proposal.tokens), key)]
-            gamma = wanted = len(proposal.tokens)
-        self.proposal, self._key, self._gamma, self._wanted = proposal, key, gamma, wanted
+            proposal.tokens = proposal.tokens[: self.policy.plan(len(proposal.tokens), key)]
+            self._gamma = self._wanted = len(proposal.tokens)
+        self.proposal, self._key = proposal, key
         return proposal
 
     def trim(self, n: int) -> None:
