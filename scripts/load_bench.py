@@ -88,7 +88,9 @@ def main() -> int:
                    f"ours-batched+plain=http://127.0.0.1:8101#{off}",
                    "ours-no-batch+lookup=http://127.0.0.1:8102"]
         if "llama-server" in commands:
-            servers.append("llama-server=http://127.0.0.1:8103")
+            # every round repeats the prompts: llama-server's prompt cache would skip their
+            # prefill from the second round on, which distinct users never get (ours has none)
+            servers.append('llama-server=http://127.0.0.1:8103#{"cache_prompt": false}')
         cmd = [str(VENV / "bin" / "draftsman"), "loadtest", "--concurrency",
                args.concurrency, "--limit", str(args.limit), "--max-tokens",
                str(args.max_tokens), "--rounds", str(args.rounds), "--out", str(args.out)]
