@@ -207,7 +207,8 @@ def test_a_long_generation_does_not_starve_a_new_short_one(pair):
     commits its first token within ceil(prompt / chunk) steps and finishes within that
     plus max_new steps, however long the others run."""
     target, _ = pair
-    scheduler = BatchScheduler(target, BatchConfig(max_batch=2, prefill_chunk=4))
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=2, prefill_chunk=4),
+                               lambda n: 1 + 0.02 * (n - 1))  # a chunk of 4 stalls little
     long = Autoregressive(target).steps(list(range(1, 30)), GenerationConfig(150), 4)
     scheduler.submit(long)
     for _ in range(10):
@@ -339,7 +340,7 @@ def test_requests_sharing_a_draft_model_draft_together(pair):
     draft.__class__ = Counting
     try:
         config = GenerationConfig(20, SamplingConfig())
-        scheduler = BatchScheduler(target, BatchConfig(max_batch=3))
+        scheduler = BatchScheduler(target, BatchConfig(max_batch=3), lambda n: 1.0)
         got = {i: [] for i in range(3)}
         steps = []
         for i in range(3):
@@ -354,3 +355,23 @@ def test_requests_sharing_a_draft_model_draft_together(pair):
     assert shared < 0.6 * drafted_forwards, (shared, drafted_forwards)
     for i in range(3):
         assert got[i] == alone(make, PROMPTS[i], config)
+
+
+def test_a_prompt_chunk_shrinks_while_others_decode(pair):
+    """On a machine where every row costs a forward, a joining prompt is read one token per
+    step beside a decoding request (the step costs at most prefill_stall x its decode rows),
+    and in whole chunks when nobody decodes."""
+    target, _ = pair
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=2, prefill_chunk=8,
+                                                   prefill_stall=2.0), lambda n: float(n))
+    first = Autoregressive(target).steps(list(range(1, 20)), GenerationConfig(40), 8)
+    scheduler.submit(first)
+    scheduler.step()
+    assert scheduler.last.rows == 8  # alone: a whole chunk
+    while first.prefilling:
+        scheduler.step()
+    scheduler.step()
+    second = Autoregressive(target).steps(list(range(30, 40)), GenerationConfig(4), 8)
+    scheduler.submit(second)
+    scheduler.step()
+    assert scheduler.last.rows == 2  # one decode row + one prompt token: v(2) <= 2 v(1)

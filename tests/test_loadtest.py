@@ -43,7 +43,7 @@ def test_the_command_writes_rows_for_every_server_and_level(engine, tmp_path):  
             if x]
     assert [(r["concurrency"], r["server"]) for r in rows] == [
         (1, "a"), (1, "b"), (2, "a"), (2, "b")]
-    assert all(r["errors"] == 0 and r["tokens"] > 0 and r["env"]["machine"]["cpu"]
+    assert all(r["errors"] == 0 and r["tokens"] > 0 and r["env"]["cpu"]
                for r in rows)
     assert "| 2 | b |" in (tmp_path / "out" / "summary.md").read_text()
 

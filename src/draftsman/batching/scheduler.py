@@ -40,6 +40,9 @@ class BatchConfig:
     max_batch: int = 4  # requests decoding together (the server's --parallel)
     prefill_chunk: int = 128  # prompt tokens one request reads per step
     adaptive: bool = True  # the controller may trim `gamma=auto` requests' guesses
+    # while others decode, a prompt chunk is cut so the step costs at most this many times
+    # the step without it (the stall every decoding request feels); alone, whole chunks
+    prefill_stall: float = 1.5
 
 
 @dataclass
@@ -155,14 +158,14 @@ class BatchScheduler:
         prompting = [t for t in self.active if t.machine.prefilling][:1]
         for t in decoding:
             t.machine.gamma_cap = None
-        self._plan_guesses(decoding, base_rows=len(decoding) + sum(
-            min(t.machine.chunk, len(t.machine.prompt) - t.machine.prefilled)
-            for t in prompting))
+        chunk = self._chunk(len(decoding), prompting)
+        self._plan_guesses(decoding, base_rows=len(decoding) + chunk)
         tickets = [t for t in decoding + prompting if not t.done]
         if not tickets:
             self._retire()
             return []
-        rows = [t.machine.rows() for t in tickets]
+        rows = [t.machine.rows() for t in decoding if not t.done] + [
+            t.machine.rows(chunk) for t in prompting if not t.done]
         ids = torch.tensor([[tok for r in rows for tok in r.tokens]], dtype=torch.long)
         positions = torch.tensor([[r.start + j for r in rows for j in range(len(r.tokens))]],
                                  dtype=torch.long)
@@ -207,6 +210,22 @@ class BatchScheduler:
                                [len(t.machine.proposal.tokens) for t in decoding])
         self._retire()
         return results
+
+    def _chunk(self, decoding: int, prompting: list[Ticket]) -> int:
+        """Prompt tokens read this step: a whole chunk when nobody decodes, else the most
+        that keeps the step within `prefill_stall` times the cost of the decode rows alone
+        (on this machine's cost curve), and at least one."""
+        if not prompting:
+            return 0
+        m = prompting[0].machine
+        most = min(m.chunk, len(m.prompt) - m.prefilled)
+        if not decoding:
+            return most
+        budget = self.config.prefill_stall * self.row_cost(decoding)
+        n = 1
+        while n < most and self.row_cost(decoding + n + 1) <= budget:
+            n += 1
+        return n
 
     def _plan_guesses(self, decoding: list[Ticket], base_rows: int) -> None:
         """Every decoding request's guesses for this step. Drafters without a model propose

@@ -7,7 +7,8 @@ A table sits between two markers naming the results folder it comes from:
     <!-- /results -->
 
 Options (all optional, space separated KEY=VALUE without spaces in a value):
-    table=speed|time|quality   which of the bench's tables (default speed)
+    table=speed|time|quality   which of the bench's tables (default speed); table=load:
+                               a `draftsman loadtest` folder's table (other options unused)
     baseline=LABEL             what `speedup` divides by (default autoregressive)
     columns=a,b,c              keep these columns, in this order (names as in the table)
     labels=a|b|c               keep these rows (method labels, or the first word of a label
@@ -32,6 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from draftsman.bench.load import summary_table
 from draftsman.bench.metrics import summarise
 from draftsman.bench.report import quality_table, speed_table, time_table
 from draftsman.bench.results import ResultsFile
@@ -112,6 +114,8 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
     if not folder.is_dir():
         raise DocsTableError(f"{folder_name}: no such results folder")
     rows = read_rows(folder)
+    if options.get("table") == "load":  # a `draftsman loadtest` folder
+        return provenance(folder, rows) + "\n\n" + summary_table(rows)
     if "dataset" in options:
         wanted = set(options["dataset"].split("|"))
         rows = [r for r in rows if r.get("dataset") in wanted]
@@ -126,7 +130,7 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
     elif kind in TABLES:
         table = TABLES[kind](summaries)
     else:
-        raise DocsTableError(f"table={kind}: choose speed, time or quality")
+        raise DocsTableError(f"table={kind}: choose speed, time, quality or load")
     table = select(table, options.get("columns", "").split(",") if "columns" in options
                    else None, options["labels"].split("|") if "labels" in options else None)
     body = table_md(table).split("\n", 2)[2]  # without its "### title" line

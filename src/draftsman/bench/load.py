@@ -158,3 +158,23 @@ def reply_record(reply: Reply) -> dict[str, Any]:
     row.pop("chunks")
     row.update(ttft=reply.ttft, tpot=reply.tpot, chunks=len(reply.chunks))
     return row
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """Medians over rounds per server and concurrency, as a Markdown table."""
+    import statistics
+
+    keys = ("tokens_per_second", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_mean")
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["concurrency"], r["server"]), []).append(r)
+    lines = ["| users | server | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | TPOT (ms) "
+             "| errors |", "|---|---|---|---|---|---|---|"]
+    for (level, name), group in sorted(groups.items(), key=lambda g: g[0][0]):
+        med = {k: statistics.median([g[k] for g in group if g[k] is not None] or [0.0])
+               for k in keys}
+        lines.append(
+            f"| {level} | {name} | {med['tokens_per_second']:.1f} | {med['ttft_p50']:.2f} / "
+            f"{med['ttft_p99']:.2f} | {1000 * med['itl_p50']:.0f} / {1000 * med['itl_p99']:.0f}"
+            f" | {1000 * med['tpot_mean']:.0f} | {sum(g['errors'] for g in group)} |")
+    return "\n".join(lines)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from draftsman.bench.load import reply_record, run_round
+from draftsman.bench.load import reply_record, run_round, summary_table
 from draftsman.cli.common import positive_ints
 from draftsman.errors import InvalidArgumentError
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1 or args.rounds < 1 or args.limit < 1:
         raise InvalidArgumentError("--max-tokens, --rounds and --limit must be >= 1")
     prompts = load_prompts(args.dataset or list(DEFAULT_DATASETS), args.limit)
-    env = {"machine": machine(), "commit": git_commit()}
+    env = {**machine(), "git_commit": git_commit()}  # as every bench row records it
     rows, requests = [], []
     total = len(levels) * args.rounds * len(servers)
     with tqdm(total=total, desc="loadtest rounds", file=sys.stderr) as bar:
@@ -102,26 +103,8 @@ def run(args: argparse.Namespace) -> int:
         (args.out / "requests.jsonl").write_text(
             "".join(json.dumps(r) + "\n" for r in requests))
         (args.out / "summary.md").write_text(
-            f"CPU: {env['machine']['cpu']} ({env['machine']['cores']} cores), commit "
-            f"{env['commit']}\n\n{table}\n")
+            f"CPU: {env['cpu']} ({env['cores']} cores), commit {env['git_commit']}\n\n"
+            f"{table}\n")
+        (args.out / "run.json").write_text(json.dumps(
+            {"command": shlex.join(["draftsman", *sys.argv[1:]])}) + "\n")
     return 0
-
-
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    """Medians over rounds per server and concurrency, as a Markdown table."""
-    import statistics
-
-    keys = ("tokens_per_second", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_mean")
-    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["concurrency"], r["server"]), []).append(r)
-    lines = ["| users | server | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | TPOT (ms) "
-             "| errors |", "|---|---|---|---|---|---|---|"]
-    for (level, name), group in sorted(groups.items(), key=lambda g: g[0][0]):
-        med = {k: statistics.median([g[k] for g in group if g[k] is not None] or [0.0])
-               for k in keys}
-        lines.append(
-            f"| {level} | {name} | {med['tokens_per_second']:.1f} | {med['ttft_p50']:.2f} / "
-            f"{med['ttft_p99']:.2f} | {1000 * med['itl_p50']:.0f} / {1000 * med['itl_p99']:.0f}"
-            f" | {1000 * med['tpot_mean']:.0f} | {sum(g['errors'] for g in group)} |")
-    return "\n".join(lines)

@@ -71,6 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-chunk", type=int, default=128,
                    help="prompt tokens a new request reads per step while the others "
                         "decode (default: 128)")
+    p.add_argument("--prefill-stall", type=float, default=1.5,
+                   help="while others decode, a prompt chunk is cut so that a step costs at "
+                        "most this many times the step without it, on this machine's "
+                        "measured cost curve (default: 1.5; larger: faster first tokens, "
+                        "longer pauses for the others)")
     p.add_argument("--max-kv-tokens", type=int, default=None,
                    help="KV cache slots all admitted requests may reserve together (prompt "
                         "+ max_tokens + 18 each); beyond it, 429 (default: --parallel x the "
@@ -108,6 +113,8 @@ def _check_limits(args: argparse.Namespace) -> None:
     for name in ("parallel", "max_tokens_cap", "prefill_chunk"):
         if getattr(args, name) < 1:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.prefill_stall < 1:
+        raise InvalidArgumentError("--prefill-stall must be >= 1")
     if args.max_kv_tokens is not None and args.max_kv_tokens < 1:
         raise InvalidArgumentError("--max-kv-tokens must be >= 1")
     if args.history_tokens < 0:
@@ -178,7 +185,8 @@ def build_app(args: argparse.Namespace):
         max_tokens_cap=args.max_tokens_cap, max_prompt_tokens=args.max_prompt_tokens,
         default_draft=main_draft, api_keys=api_keys(args),
         history_tokens=args.history_tokens, batch=not args.no_batch,
-        prefill_chunk=args.prefill_chunk, max_kv_tokens=args.max_kv_tokens,
+        prefill_chunk=args.prefill_chunk, prefill_stall=args.prefill_stall,
+        max_kv_tokens=args.max_kv_tokens,
         adaptive=not args.fixed_gamma_under_load)
     logging.getLogger("draftsman.server").info(
         "%d API key(s); history of up to %d tokens", len(settings.api_keys),

@@ -43,11 +43,13 @@ class BatchingScheduler(Scheduler):
 
     def __init__(self, engine: Engine, *, parallel: int = 1, max_queue: int = 16,
                  history: HistoryStore | None = None, prefill_chunk: int = 128,
-                 adaptive: bool = True, max_kv_tokens: int | None = None,
+                 adaptive: bool = True, prefill_stall: float = 1.5,
+                 max_kv_tokens: int | None = None,
                  row_cost: Callable[[int], float] | None = None,
                  on_step: Callable[[StepReport], None] | None = None) -> None:
         self.batch = BatchScheduler(engine.target.model, BatchConfig(
-            max_batch=parallel, prefill_chunk=prefill_chunk, adaptive=adaptive), row_cost)
+            max_batch=parallel, prefill_chunk=prefill_chunk, adaptive=adaptive,
+            prefill_stall=prefill_stall), row_cost)
         self.max_kv_tokens = max_kv_tokens
         self.kv_reserved = 0
         self.on_step = on_step

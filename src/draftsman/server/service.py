@@ -58,6 +58,7 @@ class ServerSettings:
     history_tokens: int = 1_000_000  # earlier prompts and replies kept for drafting, in all
     batch: bool = True  # decode requests together where the backend can (ragged_batches)
     prefill_chunk: int = 128  # prompt tokens a joining request reads per step
+    prefill_stall: float = 1.5  # ... cut so a step costs at most this x the decode rows'
     max_kv_tokens: int | None = None  # KV slots all requests may reserve; None: parallel x ctx
     adaptive: bool = True  # the load-adaptive controller chooses gamma=auto guesses
 
@@ -119,6 +120,7 @@ class Server:
         return BatchingScheduler(
             engine, parallel=settings.parallel, max_queue=settings.max_queue,
             history=self.history, prefill_chunk=settings.prefill_chunk,
+            prefill_stall=settings.prefill_stall,
             adaptive=settings.adaptive, max_kv_tokens=settings.max_kv_tokens,
             row_cost=(lambda n: curve.get(n, float(n))) if curve else None,
             on_step=self.metrics.batch_step)

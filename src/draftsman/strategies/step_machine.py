@@ -175,9 +175,12 @@ class SpeculativeSteps:
                 p.q = p.q[:n]
             self._gamma = n
 
-    def rows(self) -> Rows:
+    def rows(self, chunk: int | None = None) -> Rows:
+        """The rows of this step; while prefilling, the next `chunk` prompt tokens (at most
+        the machine's own chunk size)."""
         if self.prefilling:
-            chunk = self.prompt[self.prefilled: self.prefilled + self.chunk]
+            size = self.chunk if chunk is None else max(1, min(chunk, self.chunk))
+            chunk = self.prompt[self.prefilled: self.prefilled + size]
             last = self.prefilled + len(chunk) == len(self.prompt)
             rows = Rows(chunk, self.prefilled, len(chunk) - 1 if last else None, True)
         else:
