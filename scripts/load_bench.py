@@ -49,6 +49,7 @@ def main() -> int:
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--concurrency", default="1,4,8")
+    p.add_argument("--rate", default=None, help="also Poisson arrivals (requests/s)")
     p.add_argument("--limit", type=int, default=3, help="prompts per dataset")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=1)
@@ -94,6 +95,8 @@ def main() -> int:
         cmd = [str(VENV / "bin" / "draftsman"), "loadtest", "--concurrency",
                args.concurrency, "--limit", str(args.limit), "--max-tokens",
                str(args.max_tokens), "--rounds", str(args.rounds), "--out", str(args.out)]
+        if args.rate:
+            cmd += ["--rate", args.rate]
         for s in servers:
             cmd += ["--server", s]
         args.out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import json
 import pytest
 from test_server import engine, model_dirs, serving  # noqa: F401
 
-from draftsman.bench.load import percentile, run_round
+from draftsman.bench.load import percentile, run_arrivals, run_round
 from draftsman.cli.loadtest_cmd import parse_server
 from draftsman.cli.main import main
 from draftsman.errors import InvalidArgumentError
@@ -46,6 +46,7 @@ def test_the_command_writes_rows_for_every_server_and_level(engine, tmp_path):  
     assert all(r["errors"] == 0 and r["tokens"] > 0 and r["env"]["cpu"]
                for r in rows)
     assert "| 2 | b |" in (tmp_path / "out" / "summary.md").read_text()
+    assert (tmp_path / "out" / "load.png").stat().st_size > 1000
 
 
 def test_bad_contestants_and_percentiles():
@@ -57,3 +58,12 @@ def test_bad_contestants_and_percentiles():
     assert percentile([], 50) is None
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
     assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+
+
+def test_poisson_arrivals_are_seeded_and_open_loop(engine):  # noqa: F811
+    with serving(engine, parallel=2) as live:
+        result = run_arrivals("ours", live.url, MESSAGES, 50.0, 6, seed=3)
+    assert result.concurrency == "50/s" and len(result.replies) == 4
+    sent = [r.sent - result.replies[0].sent for r in result.replies]
+    assert sent == sorted(sent) and sent[-1] < 2.0  # they did not wait for each other
+    assert all(r.error is None and r.tokens > 0 for r in result.replies)

@@ -22,7 +22,9 @@ from draftsman.store.home import draftsman_home
 if TYPE_CHECKING:
     from draftsman.engine import Engine
 
-PROFILE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+# up to 16 rows: one request's verify; beyond, the batch scheduler's steps (many requests'
+# rows in one forward, prompt chunks beside them)
+PROFILE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
@@ -60,7 +62,7 @@ def latency_profile(engine: Engine, name: str, model: Any) -> dict[int, float]:
     kind = engine_kind(engine)
     path = profile_path(name, kind, threads)
     latency = load_profile(path)
-    if latency is None or 1 not in latency:
+    if latency is None or 1 not in latency or max(latency) < max(PROFILE_LENGTHS):
         print(f"draftsman: measuring {name}'s forward cost once (saved to {path})",
               file=sys.stderr)
         latency = measure_latency(model, PROFILE_LENGTHS, context=64, repeats=2)

@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from draftsman.backends.llama_cpp_batch import SequenceCache, SequencePool, ragged_forward
 from draftsman.errors import (
     BackendError,
     ContextOverflowError,
@@ -44,6 +46,7 @@ from draftsman.hardware import cpu_flags
 from draftsman.models.base import ALL, Output
 from draftsman.models.config import ModelConfig
 from draftsman.models.protocol import Capabilities
+from draftsman.models.ragged import RaggedCaches
 
 LIBRARY_ENV = "DRAFTSMAN_LLAMA_CPP"
 MAX_SEQUENCES = 16  # tree leaves one verify may hold
@@ -65,6 +68,7 @@ DEFAULT_NUMERICS = "fast"
 EXACT_ROWS = 3
 SHORT = 64  # bitwise: inputs up to this many tokens are split into EXACT_ROWS pieces
 CONTEXT_STEP = 4096
+BATCH_CONTEXT = 4096  # tokens per sequence of the batch context
 
 _lock = threading.RLock()  # re-entrant: a cache finalizer may run while it is held
 _lib: Any = None
@@ -255,7 +259,7 @@ class LlamaCppLM:
     capabilities = Capabilities(
         backend="llama.cpp", layer_ranges=False, input_embeddings=False, hidden_states=False,
         exact_tree_keep=False, max_tree_rows=SHORT, device="cpu",
-        numerics=numerics_key(DEFAULT_NUMERICS))
+        numerics=numerics_key(DEFAULT_NUMERICS), ragged_batches=True)
 
     def __init__(self, gguf: str | Path, config: ModelConfig, threads: int | None = None,
                  numerics: str = DEFAULT_NUMERICS) -> None:
@@ -321,6 +325,13 @@ class LlamaCppLM:
         params.flash_attn_type = self.lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
         params.type_k = params.type_v = self.lib.GGML_TYPE_Q8_0
 
+    def sequence_caches(self, sequences: int) -> Callable[[int], SequenceCache]:
+        """Caches that can share forwards (a ragged forward): the sequences of a new batch
+        context of `sequences` sequences, each up to the model's context (at most
+        BATCH_CONTEXT tokens). A batch scheduler holds one (llama_cpp_batch.py)."""
+        per = min(self.config.max_position_embeddings, BATCH_CONTEXT)
+        return SequencePool(self, sequences, per).take
+
     def release(self, ctx: Any, n_ctx: int) -> None:
         with _lock:
             self._idle.append((ctx, n_ctx))
@@ -349,6 +360,11 @@ class LlamaCppLM:
             raise UnsupportedError("layer ranges and hidden states need --backend torch")
         if inputs_embeds is not None or tokens is None:
             raise UnsupportedError("input embeddings need --backend torch")
+        if isinstance(cache, RaggedCaches):
+            if mask is not None:
+                raise UnsupportedError("tree masks go in a ragged forward's segments")
+            out = ragged_forward(self, tokens, positions, cache, logits_at)
+            return Output(logits=out[None] if out is not None else None, hidden=None)
         if tokens.shape[0] != 1:
             raise UnsupportedError("the llama.cpp backend runs one sequence per forward")
         start = cache.length if start is None else start
@@ -383,14 +399,17 @@ class LlamaCppLM:
         return [{s for s, leaf in enumerate(leaves) if bool(m[leaf, i])} for i in range(n)]
 
     def _decode(self, ctx: Any, ids: list[int], pos: list[int],
-                seqs: list[set[int]] | None, rows: list[int]) -> torch.Tensor | None:
+                seqs: list[set[int]] | list[tuple[int, ...]] | None, rows: list[int], *,
+                tree: bool = True, piece: int | None = None) -> torch.Tensor | None:
         """Feed the tokens in pieces (see piece_rows); return the logits of `rows` [R, V].
+        `seqs[i]`: the sequences row i belongs to (None: sequence 0), a tree's or, with
+        `tree=False`, several requests' (llama_cpp_batch.py).
 
         Tree nodes come parents first, so a piece never needs a node of a later piece."""
         want = set(rows)
-        if seqs is not None and len(ids) > SHORT:
+        if tree and seqs is not None and len(ids) > SHORT:
             raise UnsupportedError(f"a tree over {SHORT} nodes")
-        piece = self.piece_rows(len(ids))
+        piece = piece or self.piece_rows(len(ids))
         logits = torch.empty(len(want), self.n_vocab) if want else None  # batch order
         filled = 0
         b = self._batch

@@ -24,10 +24,12 @@ from draftsman.strategies.step_machine import SpeculativeSteps
 
 
 def batchable_drafter(machine: SpeculativeSteps) -> bool:
-    """A plain draft-model drafter on a model that can share forwards."""
+    """A plain draft-model drafter on a model that can share forwards with caches of its
+    own (a model whose batched caches come from a pool, llama.cpp's, drafts alone)."""
     proposer = machine.proposer
     return (type(proposer) is DraftModelProposer
-            and proposer.model.capabilities.has("ragged_batches"))
+            and proposer.model.capabilities.has("ragged_batches")
+            and getattr(proposer.model, "sequence_caches", None) is None)
 
 
 class _Drafting:

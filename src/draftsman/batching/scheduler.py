@@ -42,7 +42,7 @@ class BatchConfig:
     adaptive: bool = True  # the controller may trim `gamma=auto` requests' guesses
     # while others decode, a prompt chunk is cut so the step costs at most this many times
     # the step without it (the stall every decoding request feels); alone, whole chunks
-    prefill_stall: float = 1.5
+    prefill_stall: float = 2.0
 
 
 @dataclass
@@ -102,6 +102,10 @@ class BatchScheduler:
                 "forward (ragged_batches); serve them one per worker")
         self.model = model
         self.config = config or BatchConfig()
+        # where a request's cache must come from to share forwards: a pool of max_batch
+        # sequences for llama.cpp; None where every cache can join any forward (torch)
+        pool = getattr(model, "sequence_caches", None)
+        self.new_cache = pool(self.config.max_batch) if pool is not None else None
         self.row_cost = row_cost or (lambda n: float(n))
         self.active: list[Ticket] = []
         self._joining: deque[Ticket] = deque()

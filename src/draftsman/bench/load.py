@@ -10,12 +10,14 @@ operator pays for:
   several tokens per chunk, so its gaps are fewer and longer: TPOT ((end - first) / (tokens
   - 1), mean) is the per-token figure comparable across servers.
 Contestants are timed interleaved: for each concurrency, one round per server in turn,
-repeated `rounds` times, so drift in the machine hits every server alike.
+repeated `rounds` times, so drift in the machine hits every server alike. `run_arrivals`
+is the open-loop variant: requests arrive as a seeded Poisson process, whatever is running.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import threading
 import time
@@ -94,7 +96,7 @@ class Round:
     """One server at one concurrency over the round's prompts."""
 
     server: str
-    concurrency: int
+    concurrency: int | str  # clients at once, or "R/s" for Poisson arrivals
     seconds: float
     replies: list[Reply]
 
@@ -153,6 +155,31 @@ def run_round(name: str, url: str, prompts: Sequence[list[dict[str, str]]],
                  [r for r in replies if r is not None])
 
 
+def run_arrivals(name: str, url: str, prompts: Sequence[list[dict[str, str]]], rate: float,
+                 max_tokens: int, extra: dict[str, Any] | None = None, seed: int = 0) -> Round:
+    """Open loop: the prompts arrive as a Poisson process of `rate` requests per second
+    (seeded: every server sees the same arrival times), each streamed on its own thread
+    whatever is still running."""
+    rng = random.Random(seed)
+    replies: list[Reply | None] = [None] * len(prompts)
+
+    def client(i: int) -> None:
+        replies[i] = stream_chat(url, prompts[i], max_tokens, extra=extra)
+
+    t0 = time.perf_counter()
+    at, threads = 0.0, []
+    for i in range(len(prompts)):
+        at += rng.expovariate(rate) if i else 0.0
+        time.sleep(max(0.0, t0 + at - time.perf_counter()))
+        thread = threading.Thread(target=client, args=(i,), daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    return Round(name, f"{rate:g}/s", time.perf_counter() - t0,
+                 [r for r in replies if r is not None])
+
+
 def reply_record(reply: Reply) -> dict[str, Any]:
     row = asdict(reply)
     row.pop("chunks")
@@ -165,12 +192,13 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     import statistics
 
     keys = ("tokens_per_second", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_mean")
-    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[int | str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["concurrency"], r["server"]), []).append(r)
     lines = ["| users | server | tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | TPOT (ms) "
              "| errors |", "|---|---|---|---|---|---|---|"]
-    for (level, name), group in sorted(groups.items(), key=lambda g: g[0][0]):
+    for (level, name), group in sorted(groups.items(), key=lambda g: (
+            isinstance(g[0][0], str), g[0][0])):
         med = {k: statistics.median([g[k] for g in group if g[k] is not None] or [0.0])
                for k in keys}
         lines.append(
@@ -178,3 +206,29 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             f"{med['ttft_p99']:.2f} | {1000 * med['itl_p50']:.0f} / {1000 * med['itl_p99']:.0f}"
             f" | {1000 * med['tpot_mean']:.0f} | {sum(g['errors'] for g in group)} |")
     return "\n".join(lines)
+
+
+def plot_load(rows: list[dict[str, Any]], path: Any) -> bool:
+    """load.png: aggregate tokens/s and p99 inter-chunk latency against concurrent users,
+    one line per server (closed-loop rounds; medians over rounds). False without them."""
+    from matplotlib.figure import Figure
+
+    closed = [r for r in rows if isinstance(r["concurrency"], int)]
+    if not closed:
+        return False
+    fig = Figure(figsize=(10, 4))
+    speed, latency = fig.subplots(1, 2)
+    for name in dict.fromkeys(r["server"] for r in closed):
+        levels = sorted({r["concurrency"] for r in closed if r["server"] == name})
+        def median(key: str, level: int, name: str = name) -> float:
+            values = [r[key] for r in closed if r["server"] == name
+                      and r["concurrency"] == level and r[key] is not None]
+            return statistics.median(values) if values else float("nan")
+        speed.plot(levels, [median("tokens_per_second", n) for n in levels], "o-", label=name)
+        latency.plot(levels, [1000 * median("itl_p99", n) for n in levels], "o-", label=name)
+    speed.set(xlabel="concurrent users", ylabel="aggregate tokens/s", title="throughput")
+    latency.set(xlabel="concurrent users", ylabel="ms", title="p99 gap between chunks")
+    speed.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True

@@ -19,7 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from draftsman.bench.load import reply_record, run_round, summary_table
+from draftsman.bench.load import (
+    plot_load,
+    reply_record,
+    run_arrivals,
+    run_round,
+    summary_table,
+)
 from draftsman.cli.common import positive_ints
 from draftsman.errors import InvalidArgumentError
 
@@ -36,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a contestant (repeat); #JSON is merged into every request body")
     p.add_argument("--concurrency", default="1,4", help="clients at once, comma separated "
                    "(default: 1,4)")
+    p.add_argument("--rate", default=None,
+                   help="also Poisson arrivals at these rates (requests/s, comma separated; "
+                        "open loop, the same seeded arrival times for every server)")
     p.add_argument("--dataset", action="append", default=None,
                    help="prompts from these datasets, mixed (default: code-edit, mt-bench, "
                         "humaneval)")
@@ -75,24 +84,32 @@ def run(args: argparse.Namespace) -> int:
     from draftsman.bench.results import git_commit, machine
 
     servers = [parse_server(s) for s in args.server]
-    levels = positive_ints(args.concurrency, "concurrency")
+    levels: list[int | float] = list(positive_ints(args.concurrency, "concurrency"))
+    rates = [float(x) for x in args.rate.split(",")] if args.rate else []
+    if any(r <= 0 for r in rates):
+        raise InvalidArgumentError("--rate values must be > 0")
     if args.max_tokens < 1 or args.rounds < 1 or args.limit < 1:
         raise InvalidArgumentError("--max-tokens, --rounds and --limit must be >= 1")
     prompts = load_prompts(args.dataset or list(DEFAULT_DATASETS), args.limit)
     env = {**machine(), "git_commit": git_commit()}  # as every bench row records it
     rows, requests = [], []
-    total = len(levels) * args.rounds * len(servers)
+    loads = [(n, False) for n in levels] + [(r, True) for r in rates]
+    total = len(loads) * args.rounds * len(servers)
     with tqdm(total=total, desc="loadtest rounds", file=sys.stderr) as bar:
-        for level in levels:
+        for level, open_loop in loads:
             for round_no in range(args.rounds):
                 for name, url, extra in servers:
-                    bar.set_postfix_str(f"{name} x{level}")
-                    result = run_round(name, url, prompts, level, args.max_tokens, extra)
+                    bar.set_postfix_str(f"{name} {level}/s" if open_loop else f"{name} x{level}")
+                    result = (run_arrivals(name, url, prompts, level, args.max_tokens, extra,
+                                           seed=round_no) if open_loop
+                              else run_round(name, url, prompts, int(level), args.max_tokens,
+                                             extra))
                     row = {**result.summary(), "round": round_no,
                            "max_tokens": args.max_tokens, "prompts": len(prompts),
                            "extra": extra, "env": env}
                     rows.append(row)
-                    requests += [{"server": name, "concurrency": level, "round": round_no,
+                    requests += [{"server": name, "concurrency": result.concurrency,
+                                  "round": round_no,
                                   **reply_record(r)} for r in result.replies]
                     bar.update(1)
     table = summary_table(rows)
@@ -105,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         (args.out / "summary.md").write_text(
             f"CPU: {env['cpu']} ({env['cores']} cores), commit {env['git_commit']}\n\n"
             f"{table}\n")
+        plot_load(rows, args.out / "load.png")
         (args.out / "run.json").write_text(json.dumps(
             {"command": shlex.join(["draftsman", *sys.argv[1:]])}) + "\n")
     return 0

@@ -71,10 +71,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-chunk", type=int, default=128,
                    help="prompt tokens a new request reads per step while the others "
                         "decode (default: 128)")
-    p.add_argument("--prefill-stall", type=float, default=1.5,
+    p.add_argument("--prefill-stall", type=float, default=2.0,
                    help="while others decode, a prompt chunk is cut so that a step costs at "
                         "most this many times the step without it, on this machine's "
-                        "measured cost curve (default: 1.5; larger: faster first tokens, "
+                        "measured cost curve (default: 2.0; larger: faster first tokens, "
                         "longer pauses for the others)")
     p.add_argument("--max-kv-tokens", type=int, default=None,
                    help="KV cache slots all admitted requests may reserve together (prompt "

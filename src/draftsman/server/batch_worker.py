@@ -43,7 +43,7 @@ class BatchingScheduler(Scheduler):
 
     def __init__(self, engine: Engine, *, parallel: int = 1, max_queue: int = 16,
                  history: HistoryStore | None = None, prefill_chunk: int = 128,
-                 adaptive: bool = True, prefill_stall: float = 1.5,
+                 adaptive: bool = True, prefill_stall: float = 2.0,
                  max_kv_tokens: int | None = None,
                  row_cost: Callable[[int], float] | None = None,
                  on_step: Callable[[StepReport], None] | None = None) -> None:
@@ -156,7 +156,8 @@ class BatchingScheduler(Scheduler):
 
         try:
             machine = request.strategy.steps(request.prompt_ids, request.config,
-                                             self.batch.config.prefill_chunk)
+                                             self.batch.config.prefill_chunk,
+                                             new_cache=self.batch.new_cache)
         except Exception as exc:  # noqa: BLE001 - this request's own error
             self._finish(job, Finished(cancelled=False, queue_seconds=0.0, run_seconds=0.0,
                                        error=exc), [])

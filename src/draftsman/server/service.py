@@ -58,7 +58,7 @@ class ServerSettings:
     history_tokens: int = 1_000_000  # earlier prompts and replies kept for drafting, in all
     batch: bool = True  # decode requests together where the backend can (ragged_batches)
     prefill_chunk: int = 128  # prompt tokens a joining request reads per step
-    prefill_stall: float = 1.5  # ... cut so a step costs at most this x the decode rows'
+    prefill_stall: float = 2.0  # ... cut so a step costs at most this x the decode rows'
     max_kv_tokens: int | None = None  # KV slots all requests may reserve; None: parallel x ctx
     adaptive: bool = True  # the load-adaptive controller chooses gamma=auto guesses
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import LAST, DecoderLM
+from draftsman.models.protocol import Cache
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
 from draftsman.strategies.base import Strategy, check_fits
@@ -21,10 +22,11 @@ class Autoregressive(Strategy):
         self.target = target
 
     def steps(self, prompt_ids: list[int], config: GenerationConfig,
-              prefill_chunk: int | None = None) -> SpeculativeSteps:
+              prefill_chunk: int | None = None,
+              new_cache: Callable[[int], Cache] | None = None) -> SpeculativeSteps:
         """This request as a step machine that never guesses (for the batch scheduler)."""
         return SpeculativeSteps(self.target, None, None, prompt_ids, config,
-                                prefill_chunk=prefill_chunk)
+                                prefill_chunk=prefill_chunk, new_cache=new_cache)
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
         check_fits(self.target, len(prompt_ids), config)

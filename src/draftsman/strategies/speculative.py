@@ -8,10 +8,11 @@ sampled output has the target's distribution.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import LAST, DecoderLM
+from draftsman.models.protocol import Cache
 from draftsman.proposers.base import Proposer
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
@@ -43,10 +44,12 @@ class Speculative(Strategy):
         self.sources = sources
 
     def steps(self, prompt_ids: list[int], config: GenerationConfig,
-              prefill_chunk: int | None = None) -> SpeculativeSteps:
+              prefill_chunk: int | None = None,
+              new_cache: Callable[[int], Cache] | None = None) -> SpeculativeSteps:
         """This request as a step machine (strategies/step_machine.py)."""
         return SpeculativeSteps(self.target, self.proposer, self.policy, prompt_ids, config,
-                                sources=self.sources, prefill_chunk=prefill_chunk)
+                                sources=self.sources, prefill_chunk=prefill_chunk,
+                                new_cache=new_cache)
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
         return run_alone(self.steps(prompt_ids, config))

@@ -22,13 +22,14 @@ come from its own seeded generator, in the same order alone or in a batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
 from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import DecoderLM
+from draftsman.models.protocol import Cache
 from draftsman.models.ragged import Segment
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler
@@ -61,7 +62,8 @@ class SpeculativeSteps:
     def __init__(self, target: DecoderLM, proposer: Proposer | None,
                  policy: GammaPolicy | None, prompt_ids: list[int], config: GenerationConfig,
                  *, sources: tuple[str, str] = ("draft", "target"),
-                 prefill_chunk: int | None = None) -> None:
+                 prefill_chunk: int | None = None,
+                 new_cache: Callable[[int], Cache] | None = None) -> None:
         check_fits(target, len(prompt_ids), config)
         self.proposer = proposer if policy is not None else None
         self.policy = policy
@@ -69,7 +71,9 @@ class SpeculativeSteps:
         self.config = config
         max_gamma = policy.max_gamma if self.proposer is not None else 0
         self.capacity = len(prompt_ids) + config.max_new_tokens + max_gamma + 2
-        self.state = ModelState(target, self.capacity)
+        # a batch may need the request's cache from a shared pool (llama.cpp's sequences)
+        self.state = ModelState(target, self.capacity,
+                                cache=new_cache(self.capacity) if new_cache else None)
         self.sampler = Sampler(config.sampling)
         self.budget = Budget(config)
         self.timer = Timer()

@@ -45,14 +45,15 @@ class InBatch:
             sampling = SamplingConfig(1.0, seed=seed * 7919 + i) if rng.random() < 0.5 \
                 else SamplingConfig()
             machine = self.company().steps(prompt, GenerationConfig(
-                rng.randint(1, 12), sampling, config.eos_token_ids), self.config.prefill_chunk)
+                rng.randint(1, 12), sampling, config.eos_token_ids), self.config.prefill_chunk,
+                new_cache=scheduler.new_cache)
             if rng.random() < 0.5:
                 scheduler.submit(machine)
             else:
                 late.append((rng.randint(1, 4), machine))
         mine: list[Step] = []
-        scheduler.submit(self.make().steps(list(prompt_ids), config,
-                                             self.config.prefill_chunk), mine.append)
+        scheduler.submit(self.make().steps(list(prompt_ids), config, self.config.prefill_chunk,
+                                           new_cache=scheduler.new_cache), mine.append)
         steps = 0
         while not scheduler.idle:
             scheduler.step()
