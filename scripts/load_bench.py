@@ -7,6 +7,7 @@ Contestants, each on the same GGUF (the target's Q4_K file) and the same threads
   (`gamma=auto`, the load-adaptive controller on) and, on the same server, with speculation
   off (autoregressive requests);
 - ours as before batching: the same with `--no-batch` (one worker thread per request);
+- ours on the llama.cpp backend, batched (one llama_decode per step), prompt lookup;
 - llama.cpp's `llama-server -np P` from the same vendored source (built by
   `scripts/build_llama_cpp.sh .venv llama-server`), skipped with a line if not built.
 P is the largest concurrency, so every level has a slot per client. Servers idle while
@@ -60,9 +61,13 @@ def main() -> int:
              "torch", "--dtype", "q4", "--threads", str(args.threads), "--parallel",
              str(parallel), "--max-queue", "64", "--method", "speculative", "--option",
              "draft=prompt-lookup", "--option", "gamma=auto", "--log-level", "warning"]
+    on_llama = list(serve)
+    on_llama[on_llama.index("torch")] = "llama.cpp"
+    del on_llama[on_llama.index("--dtype"):on_llama.index("--dtype") + 2]
     commands = {
         "ours-batched": (8101, serve + ["--port", "8101"]),
         "ours-no-batch": (8102, serve + ["--port", "8102", "--no-batch"]),
+        "ours-llama.cpp": (8104, on_llama + ["--port", "8104"]),
     }
     llama_server = VENV / "llama.cpp" / "bin" / "llama-server"
     if llama_server.exists():
@@ -87,7 +92,8 @@ def main() -> int:
         off = json.dumps({"draftsman": {"method": "autoregressive"}})
         servers = ["ours-batched+lookup=http://127.0.0.1:8101",
                    f"ours-batched+plain=http://127.0.0.1:8101#{off}",
-                   "ours-no-batch+lookup=http://127.0.0.1:8102"]
+                   "ours-no-batch+lookup=http://127.0.0.1:8102",
+                   "ours-llama.cpp-batched+lookup=http://127.0.0.1:8104"]
         if "llama-server" in commands:
             # every round repeats the prompts: llama-server's prompt cache would skip their
             # prefill from the second round on, which distinct users never get (ours has none)
