@@ -95,7 +95,8 @@ class BatchScheduler:
     row, on this machine (profiling.verify_cost_curve)."""
 
     def __init__(self, model, config: BatchConfig | None = None,
-                 row_cost: Callable[[int], float] | None = None) -> None:
+                 row_cost: Callable[[int], float] | None = None,
+                 new_cache: Callable[[int], object] | None = None) -> None:
         if not model.capabilities.has("ragged_batches"):
             raise UnsupportedError(
                 f"the {model.capabilities.backend} backend cannot batch requests into one "
@@ -104,8 +105,10 @@ class BatchScheduler:
         self.config = config or BatchConfig()
         # where a request's cache must come from to share forwards: a pool of max_batch
         # sequences for llama.cpp; None where every cache can join any forward (torch)
+        # (`new_cache` reuses another scheduler's pool)
         pool = getattr(model, "sequence_caches", None)
-        self.new_cache = pool(self.config.max_batch) if pool is not None else None
+        self.new_cache = new_cache or (pool(self.config.max_batch) if pool is not None
+                                       else None)
         self.row_cost = row_cost or (lambda n: float(n))
         self.active: list[Ticket] = []
         self._joining: deque[Ticket] = deque()

@@ -30,6 +30,7 @@ class InBatch:
     config: BatchConfig = BatchConfig(max_batch=4, prefill_chunk=3)
     companions: int = 3
     row_cost: object = None  # v(n) for the controller; None: linear
+    _pool: object = None
 
     @property
     def name(self) -> str:
@@ -38,7 +39,8 @@ class InBatch:
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
         seed = config.sampling.seed or 0
         rng = random.Random(seed)
-        scheduler = BatchScheduler(self.target, self.config, self.row_cost)
+        scheduler = BatchScheduler(self.target, self.config, self.row_cost, self._pool)
+        self._pool = scheduler.new_cache  # llama.cpp: one shared context for every draw
         late = []
         for i in range(self.companions):
             prompt = [rng.randrange(self.vocab) for _ in range(rng.randint(1, 7))]

@@ -1,0 +1,60 @@
+"""Sampling conformance on the llama.cpp backend (SmolLM2's GGUF, `--numerics bitwise`):
+prompt lookup's speculative sampling commits the target's own distribution over the first
+tokens, alone and inside a changing batch of requests, and a broken acceptance rule is
+caught by the same test. Top-k 3 keeps the enumerated distribution at 27 outcomes."""
+
+from __future__ import annotations
+
+import pytest
+from test_llama_cpp import smol  # noqa: F401
+
+from draftsman.sampling import SamplingConfig
+from draftsman.strategies import step_machine
+from draftsman.testing import check_exact, target_joint
+from draftsman.testing.in_batch import InBatch
+from draftsman.verification.chain import Verdict
+
+pytestmark = pytest.mark.real
+
+PROMPT = "one, two, three, four, one, two, three, four, one,"
+SAMPLING = SamplingConfig(temperature=1.0, top_k=3)
+DRAWS = 400
+NEEDS = ["accepted at 1", "rejected at 1"]
+
+
+@pytest.fixture(scope="module")
+def case(smol):  # noqa: F811
+    prompt = smol.encode_prompt(PROMPT, chat=False)
+    expected = target_joint(smol.target.model, prompt, 3, SAMPLING)
+
+    def lookup():
+        return smol.strategy("speculative", {"draft": "prompt-lookup", "gamma": 3})
+
+    return prompt, expected, lookup
+
+
+def test_prompt_lookup_is_exact_on_llama_cpp_bitwise(case):
+    prompt, expected, lookup = case
+    result = check_exact(lookup(), prompt, expected, SAMPLING, DRAWS, NEEDS)
+    print(result.table())
+    assert result.passed(), result.table()
+
+
+def test_prompt_lookup_is_exact_in_a_batch_on_llama_cpp(case, smol):  # noqa: F811
+    prompt, expected, lookup = case
+    harness = InBatch(smol.target.model, lookup, lookup, vocab=1000)
+    result = check_exact(harness, prompt, expected, SAMPLING, DRAWS, NEEDS)
+    print(result.table())
+    assert result.passed(), result.table()
+
+
+def test_a_broken_rule_is_caught_on_llama_cpp(case, monkeypatch):
+    """Accept every guess: the output follows the prompt's pattern, not the target."""
+    prompt, expected, lookup = case
+
+    def accept_all(drafts, q, p, sampler):
+        return Verdict(len(drafts), sampler.draw(p[len(drafts)]), False)
+
+    monkeypatch.setattr(step_machine, "verify_sampling", accept_all)
+    result = check_exact(lookup(), prompt, expected, SAMPLING, DRAWS)
+    assert result.p_joint < 1e-6, result.table()
