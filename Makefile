@@ -39,6 +39,7 @@ test: $(STAMP)
 # the sampling conformance suite with 10x the draws (releases; about 10 minutes)
 test-exact: $(STAMP)
 	DRAFTSMAN_EXACT_DRAWS=20000 $(VENV)/bin/python -m pytest -q -s tests/test_conformance.py
+	DRAFTSMAN_EXACT_DRAWS=1000 $(VENV)/bin/python -m pytest -q -s tests/test_llama_cpp_exact.py
 
 test-gpu: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m gpu

@@ -375,3 +375,22 @@ def test_a_prompt_chunk_shrinks_while_others_decode(pair):
     scheduler.submit(second)
     scheduler.step()
     assert scheduler.last.rows == 2  # one decode row + one prompt token: v(2) <= 2 v(1)
+
+
+def test_fail_all_ends_every_request_and_the_scheduler_goes_on(pair):
+    target, draft = pair
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=1))
+    ended = []
+    for prompt in PROMPTS[:2]:  # one active, one joining
+        scheduler.submit(Autoregressive(target).steps(prompt, GenerationConfig(8)),
+                         on_end=ended.append)
+    scheduler.step()
+    scheduler.fail_all(RuntimeError("bug"))
+    assert len(ended) == 2 and all(isinstance(t.error, RuntimeError) for t in ended)
+    assert scheduler.idle
+    got = []
+    scheduler.submit(Autoregressive(target).steps(PROMPTS[2], GenerationConfig(5)),
+                     lambda s: got.extend(s.tokens))
+    while not scheduler.idle:
+        scheduler.step()
+    assert len(got) == 5

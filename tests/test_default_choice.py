@@ -253,7 +253,7 @@ def test_fastest_here_compares_backends_and_dtypes(tmp_path):
 
 
 def test_auto_without_a_dtype_loads_what_was_measured_fastest(target, tmp_path, monkeypatch):
-    from draftsman import engine as engine_module
+    from draftsman.strategies import default_method as engine_module
 
     monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
     assert draftsman.load(str(target)).numerics_key == "bf16"  # no record: the rule

@@ -1,9 +1,12 @@
 """Sampling conformance on the llama.cpp backend (SmolLM2's GGUF, `--numerics bitwise`):
 prompt lookup's speculative sampling commits the target's own distribution over the first
 tokens, alone and inside a changing batch of requests, and a broken acceptance rule is
-caught by the same test. Top-k 3 keeps the enumerated distribution at 27 outcomes."""
+caught by the same test. Top-k 3 keeps the enumerated distribution at 27 outcomes; a high
+temperature makes the guesses wrong often enough for the broken rule to show."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 from test_llama_cpp import smol  # noqa: F401
@@ -17,8 +20,10 @@ from draftsman.verification.chain import Verdict
 pytestmark = pytest.mark.real
 
 PROMPT = "one, two, three, four, one, two, three, four, one,"
-SAMPLING = SamplingConfig(temperature=1.0, top_k=3)
-DRAWS = 400
+SAMPLING = SamplingConfig(temperature=2.5, top_k=3)  # flat: guesses often refused
+# `make test-exact` raises it and adds the batch case (4 minutes on 2 cores at 300 draws)
+DRAWS = int(os.environ.get("DRAFTSMAN_EXACT_DRAWS", "200"))
+RELEASE = "DRAFTSMAN_EXACT_DRAWS" in os.environ
 NEEDS = ["accepted at 1", "rejected at 1"]
 
 
@@ -40,6 +45,8 @@ def test_prompt_lookup_is_exact_on_llama_cpp_bitwise(case):
     assert result.passed(), result.table()
 
 
+@pytest.mark.skipif(not RELEASE, reason="release-sized: make test-exact (the suite runs the "
+                    "batched conformance case on torch, tests/test_batching.py)")
 def test_prompt_lookup_is_exact_in_a_batch_on_llama_cpp(case, smol):  # noqa: F811
     prompt, expected, lookup = case
     harness = InBatch(smol.target.model, lookup, lookup, vocab=1000)

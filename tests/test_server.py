@@ -668,12 +668,16 @@ def test_queue_full_429_and_disconnects_free_slots(slow_engine):
         assert total(m, "draftsman_queue_capacity") == 2
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["threads", "batched"])
 def test_a_finished_cancelled_or_failed_job_frees_its_slot_before_its_end(engine,
-                                                                          monkeypatch):
+                                                                          monkeypatch,
+                                                                          batched):
     """The 429 bound is exact: when a job's `Finished` reaches the client (and its response
     can end), its slot is already free, whether it finished, was cancelled mid-run or failed.
-    Checked at the moment `Finished` is emitted, so no timing luck is involved."""
+    Checked at the moment `Finished` is emitted, so no timing luck is involved; with worker
+    threads and with the batch scheduler."""
     from draftsman.server import worker
+    from draftsman.server.batch_worker import BatchingScheduler
 
     at_finish: list[tuple[int, int]] = []
     emit = worker.Job.emit
@@ -684,7 +688,8 @@ def test_a_finished_cancelled_or_failed_job_frees_its_slot_before_its_end(engine
         emit(self, item)
 
     monkeypatch.setattr(worker.Job, "emit", recording_emit)
-    scheduler = worker.Scheduler(engine, parallel=1, max_queue=0)
+    kind_of = BatchingScheduler if batched else worker.Scheduler
+    scheduler = kind_of(engine, parallel=1, max_queue=0)
     scheduler.start()
 
     async def run_all() -> list[worker.Finished]:
@@ -697,7 +702,11 @@ def test_a_finished_cancelled_or_failed_job_frees_its_slot_before_its_end(engine
                     raise RuntimeError("broken strategy")
                     yield
 
+                def broken_steps(*args, **kwargs):
+                    raise RuntimeError("broken strategy")
+
                 request.strategy.generate = broken
+                request.strategy.steps = broken_steps  # the batch's way in
             job = scheduler.submit(request)  # capacity 1: refused if the last still held it
             async for item in job.items():
                 if kind == "cancel" and not isinstance(item, worker.Finished):

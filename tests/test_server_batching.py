@@ -90,3 +90,14 @@ def test_no_batch_keeps_one_worker_per_request(engine):  # noqa: F811
                                              temperature=0, extra_body=AR)
         assert r.choices[0].text == reference(engine, PROMPTS[2], max_new_tokens=8,
                                               method="autoregressive").text
+
+
+def test_generate_many_gives_each_prompt_what_generate_gives(engine):  # noqa: F811
+    kwargs = dict(max_new_tokens=20, temperature=0, method="speculative",
+                  draft="prompt-lookup", gamma="auto", chat=False)
+    results = engine.generate_many(PROMPTS + PROMPTS[:2], parallel=3, **kwargs)
+    for prompt, result in zip(PROMPTS + PROMPTS[:2], results, strict=True):
+        alone = engine.generate(prompt, **kwargs)
+        assert result.token_ids == alone.token_ids and result.text == alone.text
+        assert result.seconds > 0 and result.finish_reason == alone.finish_reason
+    assert engine.generate_many([], parallel=2) == []

@@ -39,8 +39,9 @@ from draftsman.strategies.base import check_fits
 from draftsman.strategies.default_method import (
     DEFAULT,
     DefaultChoice,
-    Measured,
-    fastest_here,
+    measured_configuration,
+    measured_dtype,
+    measured_reason,
     resolve_default,
     split_spec,
 )
@@ -394,6 +395,14 @@ class Engine:
             if close:
                 close()
 
+    def generate_many(self, prompts: Sequence[Any], *, parallel: int = 4,
+                      **kwargs: Any) -> list[Result]:
+        """Generate for every prompt, up to `parallel` decoding together in shared forwards
+        (batching/generate_many.py); the same keywords as `generate`, for every prompt."""
+        from draftsman.batching.generate_many import generate_many
+
+        return generate_many(self, prompts, parallel=parallel, **kwargs)
+
     def generate(self, prompt, *, history: HistoryStore | None = None, scope: str = "",
                  **kwargs: Any) -> Result:
         """Generate; with a `history` store, draft from (and then remember) the earlier
@@ -465,27 +474,6 @@ def load(
     if draft is not None:
         engine.model(draft)
     return engine
-
-
-def measured_configuration(target: str, numerics: str,
-                           methods: Sequence[MethodSpec]) -> Measured | None:
-    """This machine's fastest recorded configuration for `target`, when the backend and the
-    dtype are left to `auto` and only the `default` method is to run (a named method is run
-    where the rule puts it), on a CPU (the records time CPUs)."""
-    if any(name != DEFAULT for name, _ in methods) or torch.cuda.is_available():
-        return None
-    return fastest_here(target, numerics)
-
-
-def measured_dtype(record: Measured) -> str:
-    return record.numerics if record.backend == "torch" else DEFAULT_DTYPE
-
-
-def measured_reason(record: Measured) -> str:
-    what = record.backend + (f" {record.numerics}" if record.backend == "torch" else "")
-    when = f" on {record.measured_at}" if record.measured_at else ""
-    return (f"{what} with {record.spec} measured fastest here by draftsman bench{when} "
-            f"({record.tokens_per_second:.1f} tok/s); pass --backend or --dtype to choose")
 
 
 def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = None,

@@ -147,6 +147,16 @@ class BatchScheduler:
         for t in gone:
             t.end()
 
+    def fail_all(self, error: BaseException) -> None:
+        """End every request, active or joining, with `error` (a failure no single request
+        owns); the scheduler is empty and usable afterwards."""
+        with self._lock:
+            joining, self._joining = list(self._joining), deque()
+        for t in self.active + joining:
+            t.error = error
+        self.active += joining
+        self._retire()
+
     def _retire(self) -> None:
         """Finished, cancelled and failed requests leave; their caches go with them."""
         for t in self.active:

@@ -92,7 +92,11 @@ class BatchingScheduler(Scheduler):
                     self.batch.cancel(ticket)
             if self.batch.idle:
                 continue
-            self.batch.step()
+            try:
+                self.batch.step()
+            except Exception as exc:  # noqa: BLE001 - a bug outside any one request's work:
+                log.exception("batched step failed")  # end every request, keep serving
+                self.batch.fail_all(exc)  # each ends with its Finished
             if self.on_step is not None and self.batch.last is not None:
                 self.on_step(self.batch.last)
                 self.batch.last = None

@@ -20,10 +20,12 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from draftsman.hardware import cpu_model
 from draftsman.store.catalogue import CATALOGUE
@@ -169,3 +171,24 @@ def measured_now(target: str, backend: str, numerics: str, spec: str,
                  tokens_per_second: float, tokens: int = 0) -> Measured:
     return Measured(cpu_model(), target, backend, numerics, spec, tokens_per_second,
                     time.strftime("%Y-%m-%d"), tokens)
+
+
+def measured_configuration(target: str, numerics: str,
+                           methods: Sequence[tuple[str, Any]]) -> Measured | None:
+    """This machine's fastest recorded configuration for `target`, when the backend and the
+    dtype are left to `auto` and only the `default` method is to run (a named method is run
+    where the rule puts it), on a CPU (the records time CPUs)."""
+    if any(name != DEFAULT for name, _ in methods) or torch.cuda.is_available():
+        return None
+    return fastest_here(target, numerics)
+
+
+def measured_dtype(record: Measured) -> str:
+    return record.numerics if record.backend == "torch" else "bf16"
+
+
+def measured_reason(record: Measured) -> str:
+    what = record.backend + (f" {record.numerics}" if record.backend == "torch" else "")
+    when = f" on {record.measured_at}" if record.measured_at else ""
+    return (f"{what} with {record.spec} measured fastest here by draftsman bench{when} "
+            f"({record.tokens_per_second:.1f} tok/s); pass --backend or --dtype to choose")
