@@ -221,6 +221,16 @@ class Result:
     steps: list[Step] = field(repr=False)
     options: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, request: Request, events: list[Event], seconds: float) -> Result:
+        """A request's Result from the Events it produced."""
+        return cls(text="".join(e.text for e in events),
+                   token_ids=[t for e in events for t in e.token_ids],
+                   prompt_tokens=len(request.prompt_ids), seconds=seconds,
+                   method=request.method,
+                   finish_reason=(events[-1].finish or "length") if events else "length",
+                   steps=[e.step for e in events], options=request.options)
+
     @property
     def new_tokens(self) -> int:
         return len(self.token_ids)
@@ -401,7 +411,12 @@ class Engine:
         (batching/generate_many.py); the same keywords as `generate`, for every prompt."""
         from draftsman.batching.generate_many import generate_many
 
-        return generate_many(self, prompts, parallel=parallel, **kwargs)
+        out = []
+        for prompt, (request, events, seconds) in zip(
+                prompts, generate_many(self, prompts, parallel=parallel, **kwargs), strict=True):
+            out.append(self.generate(prompt, **kwargs) if events is None
+                       else Result.of(request, events, seconds))
+        return out
 
     def generate(self, prompt, *, history: HistoryStore | None = None, scope: str = "",
                  **kwargs: Any) -> Result:
@@ -415,16 +430,7 @@ class Engine:
         seconds = time.perf_counter() - t_start
         if history is not None:
             history.add(scope, request.prompt_ids + [t for e in events for t in e.token_ids])
-        return Result(
-            text="".join(e.text for e in events),
-            token_ids=[t for e in events for t in e.token_ids],
-            prompt_tokens=len(request.prompt_ids),
-            seconds=seconds,
-            method=request.method,
-            finish_reason=(events[-1].finish or "length") if events else "length",
-            steps=[e.step for e in events],
-            options=request.options,
-        )
+        return Result.of(request, events, seconds)
 
 
 def load(

@@ -330,7 +330,7 @@ class LlamaCppLM:
         context of `sequences` sequences, each up to the model's context (at most
         BATCH_CONTEXT tokens). A batch scheduler holds one (llama_cpp_batch.py)."""
         per = min(self.config.max_position_embeddings, BATCH_CONTEXT)
-        return SequencePool(self, sequences, per).take
+        return SequencePool(self, sequences, per, BATCH).take
 
     def release(self, ctx: Any, n_ctx: int) -> None:
         with _lock:

@@ -30,15 +30,14 @@ from draftsman.models.ragged import RaggedCaches
 
 
 class SequencePool:
-    """One llama.cpp context of `sequences` sequences of `capacity` cells each."""
+    """One llama.cpp context of `sequences` sequences of `capacity` cells each, fed up to
+    `batch` rows per llama_decode."""
 
-    def __init__(self, model: Any, sequences: int, capacity: int) -> None:
-        from draftsman.backends.llama_cpp import BATCH, llama
-
-        lib = self.lib = llama()
+    def __init__(self, model: Any, sequences: int, capacity: int, batch: int) -> None:
+        lib = self.lib = model.lib
         params = lib.llama_context_default_params()
         params.n_ctx = sequences * capacity
-        params.n_batch = params.n_ubatch = BATCH
+        params.n_batch = params.n_ubatch = batch
         params.n_seq_max = sequences
         params.kv_unified = False  # a KV stream per sequence: cells as in a context alone
         params.n_threads = params.n_threads_batch = model.threads
@@ -144,16 +143,15 @@ def ragged_forward(model: Any, tokens: torch.Tensor, positions: torch.Tensor,
 def feeding_groups(model: Any, caches: RaggedCaches) -> list[tuple[list[int], int | None]]:
     """Which segments go to llama.cpp together, in pieces of how many rows. Fast: all of
     them, llama.cpp's own piece size. Bitwise: a segment longer than SHORT (a prompt chunk)
-    alone, as it would be fed alone; every other row in pieces of EXACT_ROWS, the one-row
-    kernels that give each row the bits of decoding it alone."""
-    from draftsman.backends.llama_cpp import EXACT_ROWS, SHORT
-
+    alone, as it would be fed alone; every other row in pieces of the one-row kernels'
+    size, which give each row the bits of decoding it alone (`model.piece_rows`)."""
     every = list(range(len(caches.segments)))
     if model.numerics != "bitwise":
         return [(every, None)]
-    long = [k for k in every if caches.segments[k].rows > SHORT]
-    short = [k for k in every if caches.segments[k].rows <= SHORT]
+    exact = model.piece_rows(1)
+    long = [k for k in every if model.piece_rows(caches.segments[k].rows) != exact]
+    short = [k for k in every if k not in long]
     groups: list[tuple[list[int], int | None]] = [([k], None) for k in long]
     if short:
-        groups.append((short, EXACT_ROWS))
+        groups.append((short, exact))
     return groups

@@ -21,8 +21,9 @@ from draftsman.errors import InvalidArgumentError
 
 
 def generate_many(engine: Any, prompts: Sequence[Any], *, parallel: int = 4,
-                  prefill_chunk: int = 128, **kwargs: Any) -> list[Any]:
-    from draftsman.engine import Result
+                  prefill_chunk: int = 128, **kwargs: Any) -> list[tuple[Any, list, float]]:
+    """(request, events, seconds) per prompt, in order (`Engine.generate_many` makes the
+    Results); `None` in place of the list when the method cannot share a forward."""
     from draftsman.profiling import verify_cost_curve
 
     if parallel < 1:
@@ -33,7 +34,7 @@ def generate_many(engine: Any, prompts: Sequence[Any], *, parallel: int = 4,
         return []
     if not (all(r.strategy.batchable for r in requests)
             and model.capabilities.has("ragged_batches")):
-        return [engine.generate(p, **kwargs) for p in prompts]
+        return [(r, None, 0.0) for r in requests]
     curve = verify_cost_curve(engine, 64)
     scheduler = BatchScheduler(model, BatchConfig(max_batch=parallel,
                                                   prefill_chunk=prefill_chunk),
@@ -69,8 +70,4 @@ def generate_many(engine: Any, prompts: Sequence[Any], *, parallel: int = 4,
     for ticket in tickets:
         if ticket.error is not None:
             raise ticket.error
-    return [Result(text="".join(e.text for e in ev), token_ids=[t for e in ev for t in e.token_ids],
-                   prompt_tokens=len(r.prompt_ids), seconds=ended[i], method=r.method,
-                   finish_reason=(ev[-1].finish or "length") if ev else "length",
-                   steps=[e.step for e in ev], options=r.options)
-            for i, (r, ev) in enumerate(zip(requests, events, strict=True))]
+    return [(r, ev, ended[i]) for i, (r, ev) in enumerate(zip(requests, events, strict=True))]

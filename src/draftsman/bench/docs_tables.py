@@ -14,11 +14,12 @@ Options (all optional, space separated KEY=VALUE without spaces in a value):
     labels=a|b|c               keep these rows (method labels, or the first word of a label
                                with spaces: `default`), in this order
     dataset=a|b                only rows of these datasets
-Between the markers go a line naming the machine, the commit and the command that produced
-the folder (from its rows and run.json), then the table, as `draftsman bench` computes it
-from the folder's results.jsonl today. `--check` fails naming every table that differs from
-what its folder produces, or whose folder does not exist; without it the files are
-rewritten in place.
+`<!-- options: METHOD -->...<!-- /options -->` holds a method's typed options as the
+registry declares them. Between the results markers go a line naming the machine, the
+commit and the command that produced the folder (from its rows and run.json), then the
+table, as `draftsman bench` computes it from the folder's results.jsonl today. `--check`
+fails naming every table that differs from what its folder produces, or whose folder does
+not exist; without it the files are rewritten in place.
 
     python -m draftsman.bench.docs_tables [--check] [FILE ...]   (default: README.md docs/*.md)
 """
@@ -42,6 +43,8 @@ from draftsman.bench.tables import Table, table_md
 ROOT = Path(__file__).resolve().parents[3]
 MARKER = re.compile(r"<!-- results: (?P<folder>\S+)(?P<opts>[^>]*?)-->\n(?P<body>.*?)"
                     r"<!-- /results -->", re.S)
+OPTIONS_MARKER = re.compile(r"<!-- options: (?P<method>\S+) -->\n(?P<body>.*?)<!-- /options -->",
+                            re.S)
 TABLES = {"speed": speed_table, "time": time_table}
 
 
@@ -113,9 +116,13 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
     folder = root / folder_name
     if not folder.is_dir():
         raise DocsTableError(f"{folder_name}: no such results folder")
+    if options.get("table") == "load":  # a `draftsman loadtest` folder: rounds, not labels
+        rounds = [json.loads(line) for line in
+                  (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+        if not rounds:
+            raise DocsTableError(f"{folder}: no rounds in results.jsonl")
+        return provenance(folder, rounds) + "\n\n" + summary_table(rounds) + "\n"
     rows = read_rows(folder)
-    if options.get("table") == "load":  # a `draftsman loadtest` folder
-        return provenance(folder, rows) + "\n\n" + summary_table(rows)
     if "dataset" in options:
         wanted = set(options["dataset"].split("|"))
         rows = [r for r in rows if r.get("dataset") in wanted]
@@ -137,9 +144,35 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
     return provenance(folder, rows) + "\n\n" + body
 
 
+def options_table(method: str) -> str:
+    """A method's typed options as the registry declares them (what --help-options says)."""
+    from draftsman.strategies import registry
+    from draftsman.strategies.options import specs
+
+    if method not in registry.METHODS:
+        raise DocsTableError(f"options: no method {method!r}")
+    lines = ["| option | type | default | what |", "|---|---|---|---|"]
+    for name, (spec, default) in specs(registry.method(method).options).items():
+        what = spec.help + (f" (choices: {', '.join(spec.choices)})" if spec.choices else "")
+        kind = spec.type_name().replace(" | ", " or ")
+        lines.append(f"| `{name}` | {kind} | `{default!r}` | "
+                     f"{what.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
 def regenerate(text: str, root: Path = ROOT) -> tuple[str, list[str]]:
-    """`text` with every marked table regenerated, and the folders whose table changed."""
+    """`text` with every marked table regenerated, and the folders (or `options: METHOD`)
+    whose table changed."""
     changed: list[str] = []
+
+    def options(match: re.Match) -> str:
+        method = match.group("method")
+        body = options_table(method)
+        if body != match.group("body"):
+            changed.append(f"options: {method}")
+        return f"<!-- options: {method} -->\n{body}<!-- /options -->"
+
+    text = OPTIONS_MARKER.sub(options, text)
 
     def one(match: re.Match) -> str:
         name = match.group("folder")
