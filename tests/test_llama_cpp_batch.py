@@ -69,6 +69,25 @@ def test_fast_mode_batches_too(smol):  # noqa: F811
     assert all(0 < len(out[i]) <= 12 for i in out)
 
 
+def test_a_finished_request_returns_its_sequence_at_once(smol):  # noqa: F811
+    """A one-sequence pool serves requests one after another: each hands its sequence back
+    when it ends, not when garbage collection finds it (its ticket sits in a cycle)."""
+    import gc
+
+    gc.disable()
+    try:
+        scheduler = BatchScheduler(smol.target.model, BatchConfig(max_batch=1))
+        for prompt in MORE[:3]:
+            r = smol.prepare(prompt, max_new_tokens=4, method="autoregressive")
+            ticket = scheduler.submit(r.strategy.steps(r.prompt_ids, r.config,
+                                                       new_cache=scheduler.new_cache))
+            ticket.on_step = lambda s, t=ticket: t  # a cycle: ticket -> closure -> ticket
+            while not scheduler.idle:
+                scheduler.step()
+    finally:
+        gc.enable()
+
+
 def test_a_batch_cache_holds_no_trees_and_the_pool_is_bounded(smol):  # noqa: F811
     take = smol.target.model.sequence_caches(1)
     cache = take(64)

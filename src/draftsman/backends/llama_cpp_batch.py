@@ -80,7 +80,12 @@ class SequenceCache:
         self.pool, self.seq = pool, seq
         self.capacity = pool.capacity
         self.length = 0
-        weakref.finalize(self, pool.give, seq)
+        self._give_back = weakref.finalize(self, pool.give, seq)
+
+    def release(self) -> None:
+        """Return the sequence to the pool now (idempotent); garbage collection would do it
+        later, and a full pool refuses the next request until then."""
+        self._give_back()
 
     def check_room(self, end: int) -> None:
         if end > self.capacity:

@@ -66,6 +66,7 @@ class Ticket:
     def end(self) -> None:
         if not self.ended:
             self.ended = True
+            self.machine.release()
             if self.on_end is not None:
                 self.on_end(self)
 

@@ -77,6 +77,11 @@ def stream_chat(url: str, messages: list[dict[str, str]], max_tokens: int,
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
+                if chunk.get("error"):  # the server failed mid-stream: an error object
+                    error = chunk["error"]
+                    reply.error = str(error.get("message", error) if isinstance(error, dict)
+                                      else error)
+                    break
                 if chunk.get("usage"):
                     usage = chunk["usage"].get("completion_tokens")
                 for choice in chunk.get("choices") or []:

@@ -163,6 +163,7 @@ class BatchingScheduler(Scheduler):
                                              self.batch.config.prefill_chunk,
                                              new_cache=self.batch.new_cache)
         except Exception as exc:  # noqa: BLE001 - this request's own error
+            log.exception("generation failed")
             self._finish(job, Finished(cancelled=False, queue_seconds=0.0, run_seconds=0.0,
                                        error=exc), [])
             return

@@ -255,6 +255,14 @@ class SpeculativeSteps:
         self._forwards = 0
         return step
 
+    def release(self) -> None:
+        """The request is over: hand back what a pool lent it (a batch context's sequence),
+        at once rather than when garbage collection gets to it."""
+        for state in (self.state, getattr(self.proposer, "state", None)):
+            release = getattr(getattr(state, "cache", None), "release", None)
+            if release is not None:
+                release()
+
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
         if self.sampler.greedy:  # [γ+1, V] -> the target's choice after each prefix
             return verify_greedy(proposal.tokens, logits.argmax(-1).tolist())
