@@ -25,7 +25,7 @@ from draftsman.batching.scheduler import BatchConfig, BatchScheduler, StepReport
 from draftsman.core import Step
 from draftsman.engine import Engine
 from draftsman.proposers.history import HistoryStore
-from draftsman.server.worker import RUNNING, WAITING, Finished, Job, QueueFull, Scheduler
+from draftsman.server.worker import Finished, Job, QueueFull, Scheduler
 
 log = logging.getLogger("draftsman.server")
 
@@ -59,8 +59,9 @@ class BatchingScheduler(Scheduler):
 
     def _make_threads(self) -> list[threading.Thread]:
         return [threading.Thread(target=self._loop, name="draftsman-batch", daemon=True),
-                threading.Thread(target=self._work_alone, name="draftsman-worker-alone",
-                                 daemon=True)]
+                # requests that cannot share a forward, one at a time beside the batch
+                threading.Thread(target=self._work, args=(self._alone,),
+                                 name="draftsman-worker-alone", daemon=True)]
 
     # ---- KV memory ----------------------------------------------------------------------
     @staticmethod
@@ -120,17 +121,11 @@ class BatchingScheduler(Scheduler):
                     self.batch.step()
                 return False
             block = False
-            with self._lock:
-                if job.state != WAITING:
-                    continue  # cancelled while waiting: already finished and uncounted
             if not getattr(job.request.strategy, "batchable", False):
-                self._alone.put(job)
+                self._alone.put(job)  # its worker counts it running when it starts
                 continue
-            with self._lock:
-                job.state = RUNNING
-                self.waiting -= 1
-                self.running += 1
-            self._join(job)
+            if self._start(job):  # else cancelled while waiting: finished and uncounted
+                self._join(job)
         return True
 
     def _join(self, job: Job) -> None:
@@ -169,22 +164,3 @@ class BatchingScheduler(Scheduler):
             return
         ticket = self.batch.submit(machine, on_step, on_end)
         self._tickets[id(job)] = (job, ticket)
-
-    # ---- requests that cannot share a forward -------------------------------------------
-    def _work_alone(self) -> None:
-        while True:
-            job = self._alone.get()
-            if job is None:
-                return
-            with self._lock:
-                if job.state != WAITING:
-                    continue
-                job.state = RUNNING
-                self.waiting -= 1
-                self.running += 1
-            finished, reply = None, []
-            try:
-                finished, reply = self._run(job)
-            finally:
-                self._finish(job, finished or Finished(cancelled=True, queue_seconds=0.0,
-                                                       run_seconds=0.0), reply)

@@ -238,23 +238,31 @@ class Scheduler:
                           run_seconds=0.0))
 
     # ---- workers -----------------------------------------------------------------------
-    def _work(self) -> None:
+    def _work(self, jobs: queue.Queue[Job | None] | None = None) -> None:
+        """Run the jobs of `jobs` (default: the admission queue) one at a time until None."""
+        jobs = self._jobs if jobs is None else jobs
         while True:
-            job = self._jobs.get()
+            job = jobs.get()
             if job is None:
                 return
-            with self._lock:
-                if job.state != WAITING:
-                    continue  # cancelled while waiting: already finished and uncounted
-                job.state = RUNNING
-                self.waiting -= 1
-                self.running += 1
+            if not self._start(job):
+                continue  # cancelled while waiting: already finished and uncounted
             finished, reply = None, []
             try:
                 finished, reply = self._run(job)
             finally:
                 self._finish(job, finished or Finished(cancelled=True, queue_seconds=0.0,
                                                        run_seconds=0.0), reply)
+
+    def _start(self, job: Job) -> bool:
+        """Count a waiting job as running; False if it was cancelled while waiting."""
+        with self._lock:
+            if job.state != WAITING:
+                return False
+            job.state = RUNNING
+            self.waiting -= 1
+            self.running += 1
+        return True
 
     def _finish(self, job: Job, finished: Finished, reply: list[int]) -> None:
         """Free the job's slot, then end its response: the slot is free before the client
