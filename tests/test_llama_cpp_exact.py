@@ -64,4 +64,6 @@ def test_a_broken_rule_is_caught_on_llama_cpp(case, monkeypatch):
 
     monkeypatch.setattr(step_machine, "verify_sampling", accept_all)
     result = check_exact(lookup(), prompt, expected, SAMPLING, DRAWS)
-    assert result.p_joint < 1e-6, result.table()
+    # the harness's own verdict is the smallest p over the joint and each position
+    # (200 draws: positions 2 and 3 at p ~ 1e-8 and 1e-7, the joint at 5e-5)
+    assert result.p_min < 1e-6 and not result.passed(), result.table()
