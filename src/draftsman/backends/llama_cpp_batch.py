@@ -130,11 +130,12 @@ def ragged_forward(model: Any, tokens: torch.Tensor, positions: torch.Tensor,
     ids, pos = tokens[0].tolist(), positions[0].tolist()
     rows = [] if logits_at is None else torch.arange(len(ids))[logits_at].tolist()
     pool = caches.segments[0].cache.pool
+    wanted = set(rows)
     logits: dict[int, torch.Tensor] = {}
     with model._decode_lock:
         for group, piece in feeding_groups(model, caches):
             index = [i for k in group for i in range(caches.bounds[k], caches.bounds[k + 1])]
-            want = [j for j, i in enumerate(index) if i in set(rows)]
+            want = [j for j, i in enumerate(index) if i in wanted]
             out = model._decode(pool.ctx, [ids[i] for i in index], [pos[i] for i in index],
                                 [(caches.segments[k].cache.seq,) for k in group
                                  for _ in range(caches.segments[k].rows)],

@@ -44,6 +44,7 @@ class RaggedCaches:
                 raise ValueError(f"a segment needs at least one row, got {seg.rows}")
             bounds.append(bounds[-1] + seg.rows)
         self.bounds = bounds  # segment i holds rows bounds[i]..bounds[i+1]
+        self._tables: tuple[object, list] | None = None  # (ctx, its cut per segment)
 
     @property
     def rows(self) -> int:
@@ -63,8 +64,12 @@ class RaggedCaches:
         segment, with `ctx` (a family's per-row tables: RoPE's (cos, sin) [1, N, 1, D], or
         None) cut to the segment's rows."""
         parts = self.split(qkv)
-        tables = ([None] * len(parts) if ctx is None
-                  else list(zip(*(self.split(t) for t in ctx), strict=True)))
+        if ctx is None:
+            tables = [None] * len(parts)
+        else:  # every layer gets the same tables: cut them once per forward
+            if self._tables is None or self._tables[0] is not ctx:
+                self._tables = (ctx, list(zip(*(self.split(t) for t in ctx), strict=True)))
+            tables = self._tables[1]
         out = [attend(part, table, seg.cache, seg.start, mask)
                for part, table, seg, mask in zip(parts, tables, self.segments, masks,
                                                  strict=True)]
