@@ -221,10 +221,10 @@ def serve_settings(target: Path, monkeypatch, *flags: str):
                                                   "--dtype", "fp32", *flags]))
 
 
-def test_serve_takes_the_measured_default_when_there_is_one(target, tmp_path, monkeypatch):
+def test_serve_resolves_the_default_as_generate_does(target, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
-    settings = serve_settings(target, monkeypatch)  # torch, no record: as before
-    assert (settings.method, settings.options) == ("speculative", {"draft": "prompt-lookup"})
+    settings = serve_settings(target, monkeypatch)  # torch, no record: generate's rule
+    assert (settings.method, settings.options) == (dm.TORCH_DEFAULT_METHOD, {})
     dm.write_record(dm.measured_now(str(target), "torch", "fp32",
                                     "speculative:draft=ngram,gamma=3", 50.0))
     settings = serve_settings(target, monkeypatch)

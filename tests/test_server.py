@@ -752,11 +752,10 @@ def test_serve_arguments_and_default_method():
                               "--max-prompt-tokens", "100", "--gamma", "auto"])
     assert (args.port, args.max_queue, args.parallel) == (9000, 3, 2)
     assert args.func is serve_cmd.run
-    method, options = serve_cmd.default_method(args, None)
-    assert method == "speculative" and options == {"gamma": "auto", "draft": "prompt-lookup"}
-    assert serve_cmd.default_method(args, "small")[1]["draft"] == "small"
+    # one default for serve, generate and the Python API: the engine resolves `default`
+    assert serve_cmd.default_method(args) == ("default", {"gamma": "auto"})
     args = parser.parse_args(["serve", "--method", "autoregressive"])
-    assert serve_cmd.default_method(args, "small") == ("autoregressive", {})
+    assert serve_cmd.default_method(args) == ("autoregressive", {})
 
 
 def free_port() -> int:

@@ -55,25 +55,39 @@ def engine_profile_path(engine: Engine) -> Path:
     return profile_path(engine.target.name, engine_kind(engine), torch.get_num_threads())
 
 
-def latency_profile(engine: Engine, name: str, model: Any) -> dict[int, float]:
+def wanted_lengths(rows: int) -> tuple[int, ...]:
+    """The profile lengths a curve up to `rows` rows reads: every one up to 16, then up to
+    the first at or past `rows` (interpolation needs the point beyond)."""
+    beyond = [n for n in PROFILE_LENGTHS if n >= rows]
+    top = max(16, beyond[0] if beyond else PROFILE_LENGTHS[-1])
+    return tuple(n for n in PROFILE_LENGTHS if n <= top)
+
+
+def latency_profile(engine: Engine, name: str, model: Any, rows: int = 16) -> dict[int, float]:
     """{n: seconds of one forward over n new tokens} for `model` (the target or a draft)
-    on this engine's backend, dtype and thread count, measured once and cached."""
+    on this engine's backend, dtype and thread count, measured once and cached. Only the
+    lengths a curve up to `rows` needs are measured (a batch scheduler's 64 rows cost four
+    times a single request's 16 to measure); a later, longer need measures the rest."""
     threads = torch.get_num_threads()
     kind = engine_kind(engine)
     path = profile_path(name, kind, threads)
-    latency = load_profile(path)
-    if latency is None or 1 not in latency or max(latency) < max(PROFILE_LENGTHS):
+    latency = load_profile(path) or {}
+    wanted = wanted_lengths(rows)
+    if 1 not in latency or max(latency) < wanted[-1]:  # a profile that covers them is kept
+        known = max(latency, default=0)
+        todo = [n for n in wanted if n not in latency and (n == 1 or n > known)]
         print(f"draftsman: measuring {name}'s forward cost once (saved to {path})",
               file=sys.stderr)
-        latency = measure_latency(model, PROFILE_LENGTHS, context=64, repeats=2)
-        save_profile(path, latency, {"model": name, "dtype": kind, "threads": threads,
-                                     "context": 64, "repeats": 2})
+        latency |= measure_latency(model, todo, context=64, repeats=2)
+        save_profile(path, latency,
+                     {"model": name, "dtype": kind, "threads": threads, "context": 64,
+                      "repeats": 2})
     return latency
 
 
 def verify_cost_curve(engine: Engine, max_tokens: int) -> dict[int, float]:
     """{n: cost of verifying n tokens / cost of one token} for n = 1..max_tokens."""
-    latency = latency_profile(engine, engine.target.name, engine.target.model)
+    latency = latency_profile(engine, engine.target.name, engine.target.model, max_tokens)
     base = latency[1]
     return {n: interpolate(latency, n) / base for n in range(1, max_tokens + 1)}
 

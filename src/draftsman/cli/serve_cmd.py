@@ -1,10 +1,10 @@
 """`draftsman serve`: an OpenAI-compatible HTTP server, acceleration on by default.
 
 Models load once, before the port opens. Without `--method`, the server runs the default
-method (strategies/default_method.py) when this machine has a bench record for the target or
-the backend is llama.cpp; otherwise speculative decoding on torch: with `--draft` when given,
-else the catalogue's default draft for the target, else the prompt-lookup drafter (free,
-exact). SIGINT / SIGTERM stop accepting connections, let
+method exactly as `generate` and `draftsman.load` resolve it (strategies/default_method.py):
+this machine's fastest bench record for the target, else the backend's built-in rule. The
+catalogue's draft for the target is loaded beside it, so requests may ask for `speculative`
+or `staged` by name. SIGINT / SIGTERM stop accepting connections, let
 in-flight requests finish for up to `--shutdown-timeout` seconds, cancel the rest at their
 next step, and exit with status 0 (a second Ctrl-C exits at once).
 """
@@ -133,14 +133,10 @@ def served_name(target: str) -> str:
     return path.name if path.exists() else target
 
 
-def default_method(args: argparse.Namespace, catalogue_draft: str | None
-                   ) -> tuple[str, dict]:
-    """(method, options) a request gets when it names no method."""
-    options = method_options(args)
-    if args.method is not None:
-        return args.method, options
-    options.setdefault("draft", catalogue_draft or "prompt-lookup")
-    return "speculative", options
+def default_method(args: argparse.Namespace) -> tuple[str, dict]:
+    """(method, options) a request gets when it names no method: `default` (resolved by the
+    engine, as for `generate`) unless --method names one."""
+    return args.method or DEFAULT, method_options(args)
 
 
 def resident_drafts(args: argparse.Namespace, catalogue_draft: str | None) -> list[str]:
@@ -160,7 +156,7 @@ def build_app(args: argparse.Namespace):
     from draftsman.server.app import ServerSettings, create_app
 
     catalogue_draft = DEFAULT_DRAFTS.get(args.target)
-    method, options = default_method(args, catalogue_draft)
+    method, options = default_method(args)
     if method != DEFAULT:
         registry.method_options(method, options)  # a bad option fails before any model loads
     drafts = resident_drafts(args, catalogue_draft)
@@ -170,9 +166,7 @@ def build_app(args: argparse.Namespace):
                             static=args.static,
                             methods=[(method, options)] if args.method else [])
     why = ""
-    if args.method is None and (engine.backend != "torch" or engine.default_method().measured):
-        method, options, why = engine.resolve_method(DEFAULT, method_options(args))
-    elif method == DEFAULT:
+    if method == DEFAULT:
         method, options, why = engine.resolve_method(method, options)
     if args.verbose:
         report_choices(engine, why)

@@ -162,9 +162,9 @@ void configure(int rows, int width) {
   _tile_loadconfig(&cfg);
 }
 
-// cbuf[j] = C_j for sub-blocks j < count (even), two tile products in flight at a time.
-// x: sub-block 0 of the first activation row (rows xstride bytes apart); bq: B operands,
-// 16 * width bytes each.
+// cbuf[j] = C_j for sub-blocks j < count (even), two tile products in flight at a time
+// (Q6_K: signed weights q - 32). x: sub-block 0 of the first activation row (rows xstride
+// bytes apart); bq: B operands, 16 * width bytes each.
 void sub_block_products(const uint8_t* x, int64_t xstride, int width, const uint8_t* bq,
                         int count, int32_t* cbuf) {
   for (int j = 0; j < count; j += 2) {
@@ -174,8 +174,8 @@ void sub_block_products(const uint8_t* x, int64_t xstride, int width, const uint
     _tile_loadd(5, bq + 16 * width * (j + 1), 64);
     _tile_zero(0);
     _tile_zero(3);
-    _tile_dpbsud(0, 1, 2);  // signed activations x unsigned weights
-    _tile_dpbsud(3, 4, 5);
+    _tile_dpbssd(0, 1, 2);  // signed activations x signed weights
+    _tile_dpbssd(3, 4, 5);
     _tile_stored(0, cbuf + TILE_ROWS * COLS * j, 64);
     _tile_stored(3, cbuf + TILE_ROWS * COLS * (j + 1), 64);
   }
@@ -207,31 +207,60 @@ void prefetch_record(const uint8_t* w, int bytes) {
   }
 }
 
+// The tile configuration of the Q4_K path: tmm0/1 the two sums C_hi, C_lo (`rows` x 16
+// int32), tmm2/3 A (`rows` x 64 int8: two sub-blocks), tmm4-7 B (16 x 64: 64 k x 16 columns
+// in VNNI order), B_hi and B_lo of two sub-block pairs.
+void configure_q4k(int rows) {
+  TileConfig cfg;
+  for (int t = 0; t < 4; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = 64;
+  }
+  for (int t = 4; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// Row m's share of one Q4_K block, after its integer sums: the same float code for every
+// path, so a row's output depends only on isum, which is exact.
+inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 dmin,
+                           const Q8Block& xb, float* acc, float* accm) {
+  __m512i msum = _mm512_setzero_si512();
+  for (int t = 0; t < 4; ++t) {
+    int32_t pair;
+    std::memcpy(&pair, xb.psums + 2 * t, 4);  // (psum_2t, psum_2t+1) as two int16
+    msum = _mm512_dpwssd_epi32(msum, mins[t], _mm512_set1_epi32(pair));
+  }
+  const __m512 dx = _mm512_set1_ps(xb.d);
+  _mm512_store_ps(acc, _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum),
+                                       _mm512_load_ps(acc)));
+  _mm512_store_ps(accm, _mm512_fmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum),
+                                        _mm512_load_ps(accm)));
+}
+
 // One group of 16 Q4_K weight rows against `rows` (<= 16) activation rows starting at x;
 // out[m * 16 + c] for m < rows, c < 16.
+//
+// Tiles (3+ rows): each 6-bit sub-block scale is split as sc = 8 hi + lo (hi, lo < 8), and
+// the weights are multiplied by them as they are unpacked (hi q, lo q <= 105: still bytes),
+// so that two sums over the whole block, C_hi = sum_k x_q hi q and C_lo = sum_k x_q lo q,
+// give isum = 8 C_hi + C_lo = sum_j sc_j C_j exactly. Per block, a row then pays one shift
+// and one add instead of a multiply per sub-block, and two tiles are stored instead of
+// eight; the scale work moves to the unpacking, which every row of the tile shares.
+// Vectors (1-2 rows): C_j per sub-block with vpdpbusd, then sum_j sc_j C_j: the same integer.
 void q4k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bool tiles, float* out) {
-  alignas(64) uint8_t bq[8][8 * 64];               // the 8 sub-blocks' B operands
-  alignas(64) int32_t cbuf[8][TILE_ROWS * COLS];   // C_j for every sub-block j
+  alignas(64) uint8_t bq[8][8 * 64];               // vectors: the 8 sub-blocks' B operands
+  alignas(64) uint8_t bhi[4][16 * 64], blo[4][16 * 64];  // tiles: hi q, lo q per pair
+  alignas(64) int32_t cbuf[8][TILE_ROWS * COLS];   // vectors: C_j; tiles: C_hi, C_lo
   alignas(64) float acc[TILE_ROWS][COLS], accm[TILE_ROWS][COLS];
   std::memset(acc, 0, sizeof(acc));
   std::memset(accm, 0, sizeof(accm));
-  const __m512i low4 = _mm512_set1_epi8(15);
+  const __m512i low4 = _mm512_set1_epi8(15), low3 = _mm512_set1_epi32(7);
   const int64_t xstride = nb * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += RECORD) {
     prefetch_record(w, RECORD);
-    for (int p = 0; p < 4; ++p) {
-      for (int r = 0; r < 8; ++r) {
-        const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
-        _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_and_si512(v, low4));
-        _mm512_store_si512(bq[2 * p + 1] + 64 * r, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
-      }
-    }
-    const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b) + offsetof(Q8Block, q);
-    if (tiles) {
-      sub_block_products(xq, xstride, 32, bq[0], 8, cbuf[0]);
-    } else {
-      sub_block_products_vnni(xq, xstride, rows, 32, bq[0], 8, cbuf[0]);
-    }
     __m512i sc[8], mins[4];
     for (int j = 0; j < 8; ++j) {
       sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + OFF_SC + 16 * j)));
@@ -241,24 +270,66 @@ void q4k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bo
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_DMIN)));
+    const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b) + offsetof(Q8Block, q);
+    if (tiles) {
+      // a column's 4 bytes share its scale: both 16-bit halves of its lane hold the factor,
+      // and a 16-bit multiply of two bytes by it cannot carry (15 x 7 < 256)
+      __m512i fhi[8], flo[8];
+      for (int j = 0; j < 8; ++j) {
+        const __m512i h = _mm512_srli_epi32(sc[j], 3), l = _mm512_and_si512(sc[j], low3);
+        fhi[j] = _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
+        flo[j] = _mm512_or_si512(l, _mm512_slli_epi32(l, 16));
+      }
+      for (int p = 0; p < 4; ++p) {
+        for (int r = 0; r < 8; ++r) {
+          const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
+          const __m512i q0 = _mm512_and_si512(v, low4);
+          const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          _mm512_store_si512(bhi[p] + 64 * r, _mm512_mullo_epi16(q0, fhi[2 * p]));
+          _mm512_store_si512(blo[p] + 64 * r, _mm512_mullo_epi16(q0, flo[2 * p]));
+          _mm512_store_si512(bhi[p] + 64 * (8 + r), _mm512_mullo_epi16(q1, fhi[2 * p + 1]));
+          _mm512_store_si512(blo[p] + 64 * (8 + r), _mm512_mullo_epi16(q1, flo[2 * p + 1]));
+        }
+      }
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int p = 0; p < 4; p += 2) {
+        _tile_loadd(2, xq + 64 * p, xstride);
+        _tile_loadd(4, bhi[p], 64);
+        _tile_loadd(5, blo[p], 64);
+        _tile_loadd(3, xq + 64 * (p + 1), xstride);
+        _tile_loadd(6, bhi[p + 1], 64);
+        _tile_loadd(7, blo[p + 1], 64);
+        _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
+        _tile_dpbsud(1, 2, 5);
+        _tile_dpbsud(0, 3, 6);
+        _tile_dpbsud(1, 3, 7);
+      }
+      _tile_stored(0, cbuf[0], 64);
+      _tile_stored(1, cbuf[1], 64);
+      for (int m = 0; m < rows; ++m) {
+        // |C_hi|, |C_lo| <= 256 * 127 * 105: 8 C_hi + C_lo fits int32
+        const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 3),
+                                              _mm512_load_si512(cbuf[1] + COLS * m));
+        q4k_finish_row(isum, mins, d, dmin, x[m * nb + b], acc[m], accm[m]);
+      }
+      continue;
+    }
+    for (int p = 0; p < 4; ++p) {
+      for (int r = 0; r < 8; ++r) {
+        const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
+        _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_and_si512(v, low4));
+        _mm512_store_si512(bq[2 * p + 1] + 64 * r, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+      }
+    }
+    sub_block_products_vnni(xq, xstride, rows, 32, bq[0], 8, cbuf[0]);
     for (int m = 0; m < rows; ++m) {
-      const Q8Block& xb = x[m * nb + b];
       __m512i isum = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
         // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
         isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(cbuf[j] + COLS * m), sc[j]));
       }
-      __m512i msum = _mm512_setzero_si512();
-      for (int t = 0; t < 4; ++t) {
-        int32_t pair;
-        std::memcpy(&pair, xb.psums + 2 * t, 4);  // (psum_2t, psum_2t+1) as two int16
-        msum = _mm512_dpwssd_epi32(msum, mins[t], _mm512_set1_epi32(pair));
-      }
-      const __m512 dx = _mm512_set1_ps(xb.d);
-      _mm512_store_ps(acc[m], _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum),
-                                              _mm512_load_ps(acc[m])));
-      _mm512_store_ps(accm[m], _mm512_fmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum),
-                                               _mm512_load_ps(accm[m])));
+      q4k_finish_row(isum, mins, d, dmin, x[m * nb + b], acc[m], accm[m]);
     }
   }
   for (int m = 0; m < rows; ++m) {
@@ -273,7 +344,7 @@ void q6k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bo
   alignas(64) float acc[TILE_ROWS][COLS];
   std::memset(acc, 0, sizeof(acc));
   const __m512i low4 = _mm512_set1_epi8(15);
-  const __m512i hi2 = _mm512_set1_epi8(0x30);
+  const __m512i hi2 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
   const int64_t xstride = nb * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     prefetch_record(w, Q6_RECORD);
@@ -286,11 +357,12 @@ void q6k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bo
         const __m512i h = _mm512_loadu_si512(w + Q6_OFF_QH + 256 * (p / 2) + 64 * r);
         const __m512i ha = s == 0 ? _mm512_slli_epi16(h, 4) : h;
         const __m512i hb = s == 0 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
-        _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_or_si512(_mm512_and_si512(v, low4),
-                                                              _mm512_and_si512(ha, hi2)));
-        _mm512_store_si512(bq[2 * p + 1] + 64 * r,
-                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4),
-                                           _mm512_and_si512(hb, hi2)));
+        const __m512i qa = _mm512_or_si512(_mm512_and_si512(v, low4), _mm512_and_si512(ha, hi2));
+        const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4),
+                                           _mm512_and_si512(hb, hi2));
+        // tiles take q - 32 as signed bytes (no per-row offset later); vpdpbusd needs q >= 0
+        _mm512_store_si512(bq[2 * p] + 64 * r, tiles ? _mm512_sub_epi8(qa, k32) : qa);
+        _mm512_store_si512(bq[2 * p + 1] + 64 * r, tiles ? _mm512_sub_epi8(qb, k32) : qb);
       }
     }
     const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b) + offsetof(Q8Block, q);
@@ -299,32 +371,27 @@ void q6k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bo
     } else {
       sub_block_products_vnni(xq, xstride, rows, 16, bq[0], 16, cbuf[0]);
     }
-    __m512i sc[16], pairs[8];
+    __m512 sc[16];  // sub-block scales as floats: sc_j C'_j (< 2^24) is exact in float
     for (int j = 0; j < 16; ++j) {
-      sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j)));
-    }
-    for (int t = 0; t < 8; ++t) {  // (sc_2t, sc_2t+1) per column, as int16 pairs
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 32 * t));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 32 * t + 16));
-      pairs[t] = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, c), _mm_unpacklo_epi8(a, c)));
+      sc[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
     for (int m = 0; m < rows; ++m) {
       const Q8Block& xb = x[m * nb + b];
-      __m512i isum = _mm512_setzero_si512();
+      if (!tiles) {  // C'_j = C_j - 32 bsum_j: the -32 of (q - 32), which tiles take in the weights
+        for (int j = 0; j < 16; ++j) {
+          int32_t* c = cbuf[j] + COLS * m;
+          _mm512_store_si512(c, _mm512_sub_epi32(_mm512_load_si512(c), _mm512_set1_epi32(32 * xb.bsums[j])));
+        }
+      }
+      // the same float operations on the same exact C'_j in either path
+      __m512 f = _mm512_setzero_ps();
       for (int j = 0; j < 16; ++j) {
-        // |C_j| <= 16 * 127 * 63, |sc_j| <= 128: 16 of them fit int32
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(cbuf[j] + COLS * m), sc[j]));
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[j] + COLS * m)), sc[j], f);
       }
-      __m512i off = _mm512_setzero_si512();
-      for (int t = 0; t < 8; ++t) {
-        int32_t pair;
-        std::memcpy(&pair, xb.bsums + 2 * t, 4);  // (bsum_2t, bsum_2t+1) as two int16
-        off = _mm512_dpwssd_epi32(off, pairs[t], _mm512_set1_epi32(pair));
-      }
-      isum = _mm512_sub_epi32(isum, _mm512_slli_epi32(off, 5));  // the -32 of (q - 32)
-      _mm512_store_ps(acc[m], _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)),
-                                              _mm512_cvtepi32_ps(isum), _mm512_load_ps(acc[m])));
+      _mm512_store_ps(acc[m], _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), f,
+                                              _mm512_load_ps(acc[m])));
     }
   }
   for (int m = 0; m < rows; ++m) _mm512_storeu_ps(out + COLS * m, _mm512_load_ps(acc[m]));
@@ -371,7 +438,11 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
         const int rows = static_cast<int>(std::min<int64_t>(TILE_ROWS, m - r0));
         const bool tiles = rows >= MIN_TILE_ROWS;
         if (tiles && rows != configured) {
-          configure(rows, qtype == TYPE_Q4_K ? 32 : 16);
+          if (qtype == TYPE_Q4_K) {
+            configure_q4k(rows);
+          } else {
+            configure(rows, 16);
+          }
           configured = rows;
         }
         const uint8_t* wg = wp + g * nb * rec_bytes;

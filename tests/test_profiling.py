@@ -1,0 +1,45 @@
+"""Forward-cost profiles measure only the lengths a caller reads, once."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftsman import profiling
+
+
+@pytest.fixture
+def measured(monkeypatch, tmp_path) -> list[list[int]]:
+    """Every measure_latency call's lengths; a fake forward costs 1 + n/10 ms."""
+    calls: list[list[int]] = []
+
+    def fake(model, lengths, context=256, repeats=3, warmup=1):
+        calls.append(list(lengths))
+        return {n: 1e-3 * (1 + n / 10) for n in lengths}
+
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
+    monkeypatch.setattr(profiling, "measure_latency", fake)
+    monkeypatch.setattr(profiling, "engine_kind", lambda engine: "fp32")
+    return calls
+
+
+def test_a_single_request_measures_to_16_rows_and_a_batch_adds_the_rest(measured):
+    assert profiling.wanted_lengths(5) == (1, 2, 3, 4, 6, 8, 12, 16)
+    assert profiling.wanted_lengths(40)[-1] == 48 and profiling.wanted_lengths(999)[-1] == 64
+    one = profiling.latency_profile(None, "m", None, rows=5)
+    assert measured == [[1, 2, 3, 4, 6, 8, 12, 16]] and max(one) == 16
+    profiling.latency_profile(None, "m", None, rows=16)  # cached: nothing measured again
+    assert len(measured) == 1
+    many = profiling.latency_profile(None, "m", None, rows=64)
+    assert measured[1] == [24, 32, 48, 64]  # only what the first run did not measure
+    assert many == {n: pytest.approx(1e-3 * (1 + n / 10)) for n in profiling.PROFILE_LENGTHS}
+    profiling.latency_profile(None, "m", None, rows=64)
+    assert len(measured) == 2  # the merged file is read back whole
+
+
+def test_a_profile_that_covers_the_rows_is_kept(measured):
+    path = profiling.profile_path("m", "fp32", profiling.torch.get_num_threads())
+    profiling.save_profile(path, {1: 0.01, 4: 0.02, 32: 0.05}, {"model": "m"})
+    assert profiling.latency_profile(None, "m", None, rows=16) == {1: 0.01, 4: 0.02, 32: 0.05}
+    assert measured == []
+    profiling.latency_profile(None, "m", None, rows=64)
+    assert measured == [[48, 64]]
