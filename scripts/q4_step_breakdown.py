@@ -2,7 +2,7 @@
 """Where a torch `--dtype q4` decode step spends its time: the K-quant kernel or the rest.
 
 Times one forward of T new rows after `--context` cached tokens twice in one process:
-as loaded, and with every K-quant matrix replaced by an output allocation (no weight read).
+as loaded, and with every K-quant matrix replaced by zeros (no weight read; zeros, not garbage, whose denormals slow the glue).
 The second figure is the floor the glue sets (norms, RoPE, attention, activations, Python);
 the difference is the kernel's share. Issue 22 uses it to explain the gap to llama.cpp.
 
@@ -20,7 +20,7 @@ import time
 import torch
 
 from draftsman.models.loader import load_model
-from draftsman.models.quant_linear import KQuantMatrix
+from draftsman.models.quant_linear import KQuantAmxMatrix, KQuantMatrix
 from draftsman.store.resolve import resolve_gguf, resolve_model
 
 
@@ -48,18 +48,23 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     model = load_model(resolve_model(a.model, pull=False), "q4",
                        gguf=resolve_gguf(a.model, pull=False))
-    blocks = sum(m.blocks.numel() for m in model.modules() if isinstance(m, KQuantMatrix))
+    # the matrices as this CPU runs them: vector paths, or AMX tiles (packed records)
+    kinds = (KQuantMatrix, KQuantAmxMatrix)
+    blocks = sum((m.blocks if isinstance(m, KQuantMatrix) else m.packed).numel()
+                 for m in model.modules() if isinstance(m, kinds))
     cache = model.new_cache(a.context + 64)
     model(torch.randint(0, 1000, (1, a.context)), torch.arange(a.context)[None], cache,
           logits_at=slice(-1, None))
     rows = [int(r) for r in a.rows.split(",")]
     real = {t: time_step(model, cache, a.context, t, a.repeats) for t in rows}
-    kernel_forward = KQuantMatrix.forward
-    KQuantMatrix.forward = lambda self, x: x.new_empty(x.shape[0], self.out_features)
+    kernel_forwards = [kind.forward for kind in kinds]
+    for kind in kinds:
+        kind.forward = lambda self, x: x.new_zeros(x.shape[0], self.out_features)
     try:
         glue = {t: time_step(model, cache, a.context, t, a.repeats) for t in rows}
     finally:
-        KQuantMatrix.forward = kernel_forward
+        for kind, forward in zip(kinds, kernel_forwards, strict=True):
+            kind.forward = forward
     print(f"{a.model} q4, {platform.processor() or platform.machine()}, {a.threads} threads, "
           f"{blocks / 2**20:.0f} MiB of K-quant blocks, {a.context} cached tokens")
     print("| rows | step ms (best / median) | glue only ms | kernel ms | kernel GB/s |")
