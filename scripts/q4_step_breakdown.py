@@ -2,7 +2,8 @@
 """Where a torch `--dtype q4` decode step spends its time: the K-quant kernel or the rest.
 
 Times one forward of T new rows after `--context` cached tokens twice in one process:
-as loaded, and with every K-quant matrix replaced by zeros (no weight read; zeros, not garbage, whose denormals slow the glue).
+as loaded, and with every K-quant matrix replaced by zeros (no weight read; zeros, as
+garbage outputs hold denormals that slow the glue).
 The second figure is the floor the glue sets (norms, RoPE, attention, activations, Python);
 the difference is the kernel's share. Issue 22 uses it to explain the gap to llama.cpp.
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from draftsman.bench.docs_tables import (
     DocsTableError,
     check,
     default_files,
+    provenance,
     regenerate,
+    render,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +61,81 @@ def test_a_changed_number_fails_naming_the_table(tmp_path: Path) -> None:
     assert check([page], tmp_path) == ["page.md: bench-results/cpu-amx: no such results folder"]
 
 
+def _scale_row(name: str, key: str) -> Callable[[Path], None]:
+    """Multiply one number of the first row of a results.jsonl by 1.5."""
+    def change(folder: Path) -> None:
+        lines = (folder / name).read_text().splitlines()
+        row = json.loads(lines[0])
+        row[key] *= 1.5
+        (folder / name).write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    return change
+
+
+def _scale_curve(folder: Path) -> None:
+    path = folder / "profile-torch-q4.json"
+    profile = json.loads(path.read_text())
+    profile["latency"]["8"] *= 1.5  # one row count of one curve
+    path.write_text(json.dumps(profile))
+
+
+# each marker kind on a copy of a committed folder, and one number changed in that copy
+KINDS = {
+    "sets": ("cpu-amx-q8", "table=sets baseline=llama.cpp",
+             _scale_row("results.jsonl", "seconds")),
+    "sets tok/s": ("cpu-amx-q8", "table=sets value=tok/s columns=method,mt-bench_turn_2,code-edit",
+                   _scale_row("results.jsonl", "new_tokens")),
+    "prefill": ("cpu-llama-cpp-avx2", "table=prefill",
+                _scale_row("results.jsonl", "ttft_seconds")),
+    "kernels": ("kernels-avx2", "table=kernels", _scale_row("results.jsonl", "ms")),
+    "curves": ("q4-avx2", "table=curves files=profile-torch-q4.json|profile-llama-cpp.json",
+               _scale_curve),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_each_kind_fails_on_a_changed_number(tmp_path: Path, kind: str) -> None:
+    name, options, change = KINDS[kind]
+    folder = tmp_path / "bench-results" / name
+    shutil.copytree(ROOT / "bench-results" / name, folder,
+                    ignore=shutil.ignore_patterns("*.png", "*.html"))
+    page = tmp_path / "page.md"
+    page.write_text(f"<!-- results: bench-results/{name} {options} -->\nstale\n<!-- /results -->\n")
+    fresh, changed = regenerate(page.read_text(), tmp_path)
+    assert changed == [f"bench-results/{name}"]
+    page.write_text(fresh)
+    assert check([page], tmp_path) == []
+    change(folder)
+    assert check([page], tmp_path) == [
+        f"page.md: the table from bench-results/{name} differs from what the folder produces "
+        "(run `make docs-tables`)"]
+
+
+def test_new_kinds_read_their_folders() -> None:
+    sets = render("bench-results/cpu-amx-q8", {"table": "sets", "baseline": "llama.cpp"})
+    assert "| method | all | code-edit | rag-qa |" in sets
+    assert "| speculative:draft=prompt-lookup,gamma=auto | 2.18× | 4.03× | 2.33× |" in sets
+    prefill = render("bench-results/cpu-llama-cpp-avx2", {"table": "prefill"})
+    assert "| rag-qa | 438 | 23.7 | 69.5 | 0.80 | 1.07× | 1.01× | 1.17× | unreachable" in prefill
+    kernels = render("bench-results/kernels-amx", {"table": "kernels"})
+    assert "| onednn-int8 | 19.4 (1.00) |" in kernels
+    assert "(amx_bf16 amx_int8 avx2" in kernels  # a list of flags reads as one line
+    assert "`python scripts/kernel_curves.py" in kernels  # command.txt
+    curves = render("bench-results/numerics-llama-cpp", {
+        "table": "curves", "files": "fast/verify_cost.json|bitwise/verify_cost.json",
+        "columns": "profile,k=1,k=16"})
+    assert "| fast/verify_cost | 112.5 (1.00) | 705.0 (6.27) |" in curves
+    assert curves.count("`draftsman bench") == 2  # both runs' commands
+
+
+def test_provenance_says_what_the_folder_records(tmp_path: Path) -> None:
+    rows = [{"env": {"cpu": "CPU X", "git_commit": f"{i}" * 40}} for i in range(5)]
+    line = provenance(tmp_path, rows)
+    assert line.startswith("_CPU X; 5 commits, 000000000000 first, 444444444444 last")
+    assert provenance(tmp_path, []) == "_machine not recorded; commit not recorded_"
+    (tmp_path / "summary.json").write_text(json.dumps({"context": {"command": "draftsman x"}}))
+    assert provenance(tmp_path, rows[:1]).endswith("; commit 000000000000; `draftsman x`_")
+
+
 def test_bad_markers_are_refused(tmp_path: Path) -> None:
     with pytest.raises(DocsTableError, match="unknown table option"):
         regenerate("<!-- results: bench-results/cpu-amx colour=red -->\n<!-- /results -->",
@@ -65,6 +143,14 @@ def test_bad_markers_are_refused(tmp_path: Path) -> None:
     with pytest.raises(DocsTableError, match="no rows labelled nope"):
         regenerate("<!-- results: bench-results/cpu-amx labels=nope -->\n<!-- /results -->",
                    ROOT)
+    bad = {"table=curves": "needs files=", "table=curves files=nope.json": "no file nope.json",
+           "table=sets value=ms": "value=ms: choose", "table=nope": "table=nope: choose",
+           "table=prefill": "needs rows labelled llama.cpp, default"}
+    for options, message in bad.items():
+        folder = "q4-avx2" if "curves" in options else "bf16-default-pair"
+        with pytest.raises(DocsTableError, match=message):
+            regenerate(f"<!-- results: bench-results/{folder} {options} -->\n<!-- /results -->",
+                       ROOT)
 
 
 def test_every_page_is_in_the_site_and_links_resolve() -> None:

@@ -7,19 +7,28 @@ A table sits between two markers naming the results folder it comes from:
     <!-- /results -->
 
 Options (all optional, space separated KEY=VALUE without spaces in a value):
-    table=speed|time|quality   which of the bench's tables (default speed); table=load:
-                               a `draftsman loadtest` folder's table (other options unused)
+    table=speed|time|quality   which of the bench's tables (default speed); table=sets: one
+                               line per contestant, a column for all prompts and one per set
+                               (`value=speedup` over the baseline, the default, or
+                               `value=tok/s`); table=prefill: per set, the prefill share and
+                               the decode speedup of the `default` contestant
+                               (`prefill_share`); table=kernels: a `scripts/kernel_curves.py`
+                               folder; table=curves files=a.json|b.json: forward-cost
+                               profiles (JSON files under the folder); table=load: a
+                               `draftsman loadtest` folder's table (other options unused)
     baseline=LABEL             what `speedup` divides by (default autoregressive)
-    columns=a,b,c              keep these columns, in this order (names as in the table)
+    columns=a,b,c              keep these columns, in this order (names as in the table; `_`
+                               stands for a space: `predicted_(this_CPU)`, `mt-bench_turn_2`)
     labels=a|b|c               keep these rows (method labels, or the first word of a label
                                with spaces: `default`), in this order
     dataset=a|b                only rows of these datasets
 `<!-- options: METHOD -->...<!-- /options -->` holds a method's typed options as the
 registry declares them. Between the results markers go a line naming the machine, the
-commit and the command that produced the folder (from its rows and run.json), then the
-table, as `draftsman bench` computes it from the folder's results.jsonl today. `--check`
-fails naming every table that differs from what its folder produces, or whose folder does
-not exist; without it the files are rewritten in place.
+commit(s) and the command that produced the folder (from its rows, else run.json's `env`;
+the command from run.json, summary.json or command.txt; for table=curves, the folders the
+files sit in), then the table, as `draftsman bench` computes it from the folder's files
+today. `--check` fails naming every table that differs from what its folder produces, or
+whose folder does not exist; without it the files are rewritten in place.
 
     python -m draftsman.bench.docs_tables [--check] [FILE ...]   (default: README.md docs/*.md)
 """
@@ -34,8 +43,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from draftsman.bench.docs_kinds import DocsTableError, curves_table, kernels_table, sets_table
 from draftsman.bench.load import summary_table
 from draftsman.bench.metrics import summarise
+from draftsman.bench.prefill_share import prefill_table
 from draftsman.bench.report import quality_table, speed_table, time_table
 from draftsman.bench.results import ResultsFile
 from draftsman.bench.tables import Table, table_md
@@ -46,17 +57,17 @@ MARKER = re.compile(r"<!-- results: (?P<folder>\S+)(?P<opts>[^>]*?)-->\n(?P<body
 OPTIONS_MARKER = re.compile(r"<!-- options: (?P<method>\S+) -->\n(?P<body>.*?)<!-- /options -->",
                             re.S)
 TABLES = {"speed": speed_table, "time": time_table}
-
-
-class DocsTableError(ValueError):
-    """A marker names a folder or an option that does not exist."""
+KINDS = "speed, time, quality, sets, prefill, kernels, curves or load"
+OPTIONS = ("table", "baseline", "columns", "labels", "dataset", "value", "files")
+MAX_COMMITS = 3  # more are summarised as the first and the last measured
+__all__ = ["DocsTableError", "check", "regenerate", "render"]
 
 
 def parse_options(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in text.split():
         key, eq, value = item.partition("=")
-        if not eq or key not in ("table", "baseline", "columns", "labels", "dataset"):
+        if not eq or key not in OPTIONS:
             raise DocsTableError(f"unknown table option {item!r}")
         out[key] = value
     return out
@@ -69,22 +80,49 @@ def read_rows(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def provenance(folder: Path, rows: list[dict[str, Any]]) -> str:
-    """One line: the device, the commit(s) and the command that produced `folder`."""
-    env = rows[0].get("env") or {}
-    device = env.get("gpu") or " ".join(x for x in (env.get("cpu"), env.get("isa") and
-                                                     f"({env['isa']})") if x)
-    commits = sorted({short_commit(str((r.get("env") or {}).get("git_commit"))) for r in rows})
+def provenance(folder: Path | list[Path], rows: list[dict[str, Any]]) -> str:
+    """One line: the device, the commit(s) and the command(s) that produced `folder` (or the
+    folders a table's files come from)."""
+    folders = folder if isinstance(folder, list) else [folder]
+    runs = [_run_log(f) for f in folders]
+    env = (rows[0].get("env") if rows else next((r["env"] for r in runs if r.get("env")),
+                                                None)) or {}
+    isa = " ".join(env["isa"]) if isinstance(env.get("isa"), list) else env.get("isa")
+    device = env.get("gpu") or " ".join(x for x in (env.get("cpu"), isa and f"({isa})") if x)
     if env.get("weights") == "random":
         device += ", weights: random"
-    command = None
+    envs = [r.get("env") or {} for r in rows] or [env]
+    commits = list(dict.fromkeys(short_commit(str(e.get("git_commit") or e.get("commit")))
+                                 for e in envs if e.get("git_commit") or e.get("commit")))
+    if len(commits) > MAX_COMMITS:
+        said_commits = f"{len(commits)} commits, {commits[0]} first, {commits[-1]} last"
+    else:
+        said_commits = "commit " + (", ".join(commits) or "not recorded")
+    said = f"_{device or 'machine not recorded'}; {said_commits}"
+    commands = [c for c in dict.fromkeys(run.get("command") or _summary_command(f)
+                                         for f, run in zip(folders, runs, strict=True)) if c]
+    return said + "".join(f"; `{c}`" for c in commands) + "_"
+
+
+def _run_log(folder: Path) -> dict[str, Any]:
+    """The last run.json entry with a command (or the last entry), else command.txt's first
+    line as the command."""
     run = folder / "run.json"
     if run.is_file():
         runs = json.loads(run.read_text())
         runs = runs if isinstance(runs, list) else [runs]
-        command = next((r.get("command") for r in reversed(runs) if r.get("command")), None)
-    said = f"_{device or 'machine not recorded'}; commit {', '.join(commits)}"
-    return said + (f"; `{command}`_" if command else "_")
+        return next((r for r in reversed(runs) if r.get("command")), runs[-1] if runs else {})
+    text = folder / "command.txt"
+    if text.is_file():
+        return {"command": text.read_text().strip().splitlines()[0]}
+    return {}
+
+
+def _summary_command(folder: Path) -> str | None:
+    summary = folder / "summary.json"
+    if not summary.is_file():
+        return None
+    return (json.loads(summary.read_text()).get("context") or {}).get("command")
 
 
 def short_commit(commit: str) -> str:
@@ -94,6 +132,7 @@ def short_commit(commit: str) -> str:
 
 def select(table: Table, columns: list[str] | None, labels: list[str] | None) -> Table:
     rows = table.rows
+    columns = [c.replace("_", " ") for c in columns] if columns else None
     if labels:
         by_label = {row[0]: row for row in rows}
         by_label.update({row[0].split(" ")[0]: row for row in rows if " " in row[0]})
@@ -116,32 +155,66 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
     folder = root / folder_name
     if not folder.is_dir():
         raise DocsTableError(f"{folder_name}: no such results folder")
-    if options.get("table") == "load":  # a `draftsman loadtest` folder: rounds, not labels
+    kind = options.get("table", "speed")
+    if kind == "load":  # a `draftsman loadtest` folder: rounds, not labels
         rounds = [json.loads(line) for line in
                   (folder / "results.jsonl").read_text().splitlines() if line.strip()]
         if not rounds:
             raise DocsTableError(f"{folder}: no rounds in results.jsonl")
         return provenance(folder, rounds) + "\n\n" + summary_table(rounds) + "\n"
-    rows = read_rows(folder)
+    sources = [folder]
+    if kind == "kernels":
+        rows = _json_rows(folder)
+        if not rows:
+            raise DocsTableError(f"{folder_name}: no kernel rows in results.jsonl")
+        table = kernels_table(rows)
+    elif kind == "curves":
+        if "files" not in options:
+            raise DocsTableError("table=curves needs files=a.json|b.json")
+        files = options["files"].split("|")
+        table = curves_table(folder, files)
+        # the machine and command: the folders the files sit in (a run's verify_cost.json)
+        sources = list(dict.fromkeys((folder / name).parent for name in files))
+        rows = [row for source in sources for row in _json_rows(source)]
+    else:
+        rows = read_rows(folder)
+        table = bench_table(folder_name, rows, options)
+    table = select(table, options["columns"].split(",") if "columns" in options else None,
+                   options["labels"].split("|") if "labels" in options else None)
+    body = table_md(table).split("\n", 2)[2]  # without its "### title" line
+    return provenance(sources, rows) + "\n\n" + body
+
+
+def _json_rows(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "results.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def bench_table(folder_name: str, rows: list[dict[str, Any]], options: dict[str, str]) -> Table:
+    """One of the tables of a `draftsman bench` folder's rows."""
     if "dataset" in options:
         wanted = set(options["dataset"].split("|"))
         rows = [r for r in rows if r.get("dataset") in wanted]
+    kind = options.get("table", "speed")
+    if kind == "prefill":
+        try:
+            return prefill_table(rows)
+        except ValueError as exc:
+            raise DocsTableError(f"{folder_name}: {exc}") from exc
     baseline = options.get("baseline", "autoregressive")
     if not any(r["label"] == baseline for r in rows):
         raise DocsTableError(f"{folder_name}: no rows labelled {baseline!r} to divide by")
+    if kind == "sets":
+        return sets_table(rows, baseline, options.get("value", "speedup"))
     summaries = summarise(rows, baseline)
-    kind = options.get("table", "speed")
     if kind == "quality":
         greedy = all((r.get("settings") or {}).get("temperature", 0) == 0 for r in rows)
-        table = quality_table(summaries, greedy)
-    elif kind in TABLES:
-        table = TABLES[kind](summaries)
-    else:
-        raise DocsTableError(f"table={kind}: choose speed, time, quality or load")
-    table = select(table, options.get("columns", "").split(",") if "columns" in options
-                   else None, options["labels"].split("|") if "labels" in options else None)
-    body = table_md(table).split("\n", 2)[2]  # without its "### title" line
-    return provenance(folder, rows) + "\n\n" + body
+        return quality_table(summaries, greedy)
+    if kind in TABLES:
+        return TABLES[kind](summaries)
+    raise DocsTableError(f"table={kind}: choose {KINDS}")
 
 
 def options_table(method: str) -> str:
