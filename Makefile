@@ -5,11 +5,12 @@
 #   make test-exact  the sampling conformance suite with release-sized samples
 #   make test-gpu  only the CUDA tests, on a GPU machine
 #   make gpu-check the GPU check and timings on a lent GPU machine (DRY_RUN=1: on the CPU)
+#   make openvino  openvino-genai and the OpenVINO exports for `bench --peer openvino`
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-exact test-gpu gpu-check docs docs-tables lint clean
+.PHONY: setup demo test test-exact test-gpu gpu-check docs docs-tables lint clean openvino
 
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
@@ -34,7 +35,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=15
 
 # the sampling conformance suite with 10x the draws (releases; about 10 minutes)
 test-exact: $(STAMP)
@@ -52,6 +53,15 @@ docs: $(STAMP)
 # rewrite every generated table in README.md and docs/ from its results folder
 docs-tables: $(STAMP)
 	$(VENV)/bin/python -m draftsman.bench.docs_tables
+
+# `--peer openvino`: openvino-genai in $(VENV) (the openvino extra), and the default pair
+# exported to OpenVINO IR (int4; int8 for the 1.5B) under ~/.cache/draftsman/openvino by
+# optimum-intel in its own venv, $(OV_EXPORT_VENV) (it pins an older transformers)
+OV_EXPORT_VENV := .venv-openvino-export
+
+openvino: $(STAMP)
+	$(VENV)/bin/pip install --quiet -e ".[openvino]"
+	PY=$(PY) scripts/export_openvino.sh $(OV_EXPORT_VENV)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

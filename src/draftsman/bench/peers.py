@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from draftsman.bench import peer_llama_cpp
+from draftsman.bench import peer_llama_cpp, peer_openvino
 from draftsman.bench.contestants import Contestant, Outcome, Sampling, clip_new_tokens
 from draftsman.errors import InvalidArgumentError
 
@@ -35,9 +35,12 @@ COMPILED_CACHE_SLOTS = 4096
 def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
     """(peer, variant) pairs. `hf` -> plain, assisted and prompt-lookup (`compiled` only by
     name: it compiles a model of its own), `hf:plain,assisted` -> those;
-    `llama.cpp` -> its plain, speculative and lookup decoding; `;` or repeated specs are merged."""
-    known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
-    default = {"hf": VARIANTS[:3], "llama.cpp": peer_llama_cpp.VARIANTS}
+    `llama.cpp` and `openvino` -> their plain, speculative and lookup decoding; `;` or
+    repeated specs are merged."""
+    known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS,
+             "openvino": peer_openvino.VARIANTS}
+    default = {"hf": VARIANTS[:3], "llama.cpp": peer_llama_cpp.VARIANTS,
+               "openvino": peer_openvino.VARIANTS}
     out: list[tuple[str, str]] = []
     for spec in specs or []:
         for item in (s.strip() for s in spec.split(";")):

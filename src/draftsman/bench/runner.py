@@ -182,6 +182,8 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
     variants = [v for peer, v in peers if peer == "hf"]
     contestants += llama_cpp_peers(engine, config, [v for peer, v in peers
                                                     if peer == "llama.cpp"])
+    contestants += openvino_peers(engine, config, [v for peer, v in peers
+                                                   if peer == "openvino"])
     if "compiled" in variants:  # a model of its own: compiling patches its forward
         compiled = load_hf(engine.target.folder, engine.dtype, engine.device)
         contestants.append(HFPeer("compiled", compiled, engine.target.tokenizer.eos_token_ids))
@@ -227,6 +229,28 @@ def llama_cpp_peers(engine: Any, config: BenchConfig, variants: list[str]) -> li
                 else engine.default_draft()
             out.append(LlamaCppSpeculativePeer(target, resolve_gguf(draft), display_name(draft),
                                                threads, engine.target.tokenizer, eos))
+    return out
+
+
+def openvino_peers(engine: Any, config: BenchConfig, variants: list[str]) -> list[Contestant]:
+    """OpenVINO GenAI's decoding on the int4 exports of the target (and draft) under
+    $DRAFTSMAN_HOME/openvino (`make openvino`)."""
+    if not variants:
+        return []
+    from draftsman.bench.peer_openvino import OpenVINOPeer, exported_folder
+
+    threads = config.threads or torch.get_num_threads()
+    eos = engine.target.tokenizer.eos_token_ids
+    target = exported_folder(config.target)
+    out: list[Contestant] = []
+    for v in variants:
+        draft = draft_folder = None
+        if v == "speculative":
+            draft = config.draft if config.draft and not is_model_free(config.draft) \
+                else engine.default_draft()
+            draft_folder = exported_folder(draft)
+        out.append(OpenVINOPeer(v, target, threads, eos, draft=draft_folder,
+                                draft_name=display_name(draft)))
     return out
 
 

@@ -53,11 +53,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                              "method (default: 1)")
     p.add_argument("--peer", dest="peers", action="append", default=None,
                    metavar="hf[:plain,assisted,prompt-lookup,compiled] | "
-                           "llama.cpp[:plain,speculative,lookup]",
+                           "llama.cpp[:plain,speculative,lookup] | "
+                           "openvino[:plain,speculative,lookup]",
                    help="also time Hugging Face transformers generate (hf = plain, assisted "
-                        "and prompt-lookup; compiled = its static cache + torch.compile) or "
+                        "and prompt-lookup; compiled = its static cache + torch.compile), "
                         "llama.cpp's own plain, speculative and lookup decoding on the same "
-                        "GGUF weights (llama.cpp = all three); repeatable")
+                        "GGUF weights (llama.cpp = all three) or OpenVINO GenAI's on int4 "
+                        "exports of the same models (openvino = all three; `make openvino`); "
+                        "repeatable")
     p.add_argument("--turns", choices=["first", "all"], default=None,
                    help="multi-turn prompts (MT-Bench): time the first turn or all turns "
                         "(default: first)")
