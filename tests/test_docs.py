@@ -78,6 +78,21 @@ def _scale_curve(folder: Path) -> None:
     path.write_text(json.dumps(profile))
 
 
+def _scale_json(name: str, *keys: str | int) -> Callable[[Path], None]:
+    """Multiply one number of a JSON file (found by `keys`) by 1.5."""
+    def change(folder: Path) -> None:
+        data = json.loads((folder / name).read_text())
+        inner = data
+        for key in keys[:-1]:
+            inner = inner[key]
+        inner[keys[-1]] *= 1.5
+        (folder / name).write_text(json.dumps(data))
+    return change
+
+
+MATCH_FILES = ("qwen2.5-coder-1.5b-instruct/match_rate.json|"
+               "smollm2-135m-instruct/match_rate.json")
+
 # each marker kind on a copy of a committed folder, and one number changed in that copy
 KINDS = {
     "sets": ("cpu-amx-q8", "table=sets baseline=llama.cpp",
@@ -89,6 +104,17 @@ KINDS = {
     "kernels": ("kernels-avx2", "table=kernels", _scale_row("results.jsonl", "ms")),
     "curves": ("q4-avx2", "table=curves files=profile-torch-q4.json|profile-llama-cpp.json",
                _scale_curve),
+    "prompt": ("parallel-prompt-default", "table=prompt",
+               _scale_json("prompt_decoding.json", "timings", "mt-bench", "autoregressive", 0,
+                           "seconds")),
+    "match-rate": ("pipelined-default/match-rate", f"table=match-rate files={MATCH_FILES}",
+                   _scale_json("smollm2-135m-instruct/match_rate.json", "summary", "greedy",
+                               "translation", "15", "3", "Y", "rate")),
+    "latency": ("pipelined-default/latency", "table=latency",
+                _scale_json("latency.json", "qa", "pipelined k=1 (2 x 1 thread)", 1,
+                            "overhead_s")),
+    "gpu": ("gpu-h200", "table=gpu files=first-run|after-fixes",
+            _scale_row("after-fixes/bench-random/results.jsonl", "seconds")),
 }
 
 
@@ -125,6 +151,25 @@ def test_new_kinds_read_their_folders() -> None:
         "columns": "profile,k=1,k=16"})
     assert "| fast/verify_cost | 112.5 (1.00) | 705.0 (6.27) |" in curves
     assert curves.count("`draftsman bench") == 2  # both runs' commands
+    prompt = render("bench-results/parallel-prompt-default", {"table": "prompt"})
+    assert prompt.startswith("_machine not recorded; commit not recorded; `draftsman analyze")
+    assert "| parallel-prompt:tree_size=2 | 3.62 | 1.03× | 1.28 | 4/4 | 3.72 | 0.81× | 1.15 " \
+        "| 1/4 |" in prompt
+    match = render("bench-results/pipelined-default/match-rate", {"table": "match-rate"})
+    assert match.startswith("_AMD EPYC (avx2); commit not recorded; `draftsman analyze")
+    assert "| qwen2.5-coder-1.5b-instruct (bf16) | 14 of 28 | QA | 1.0% | 16.7% | 4.2% | " \
+        "26.0% | 21 | 35.4% |" in match
+    assert "| smollm2-135m-instruct (fp32) | 15 of 30 | QA |" in match  # all folders, sorted
+    latency = render("bench-results/pipelined-default/latency", {"table": "latency"})
+    assert "| QA | pipelined k=1 (2 x 1 thread) | 18.3% | 37.84 | 0.97× | 3.4 ms |" in latency
+    gpu = render("bench-results/gpu-h200", {
+        "table": "gpu", "files": "first-run|after-fixes",
+        "acceptance": "bench-results/speculative-bf16-avx512"})
+    assert gpu.startswith("_NVIDIA H200, weights: random; commit eda8ddb04b42+dirty; `make")
+    assert "| 4196 GB/s / 786 TFLOP/s | — |" in gpu  # the second run measured no ceilings
+    assert "| 1.5B (weights: random): our AR's speed / transformers compiled | 0.78× | 1.23× |" \
+        in gpu
+    assert "| speculative:draft=prompt-lookup,gamma=7: 2.09× |" in gpu  # = first-run/summary.md
 
 
 def test_provenance_says_what_the_folder_records(tmp_path: Path) -> None:
@@ -145,9 +190,12 @@ def test_bad_markers_are_refused(tmp_path: Path) -> None:
                    ROOT)
     bad = {"table=curves": "needs files=", "table=curves files=nope.json": "no file nope.json",
            "table=sets value=ms": "value=ms: choose", "table=nope": "table=nope: choose",
-           "table=prefill": "needs rows labelled llama.cpp, default"}
+           "table=prefill": "needs rows labelled llama.cpp, default",
+           "table=gpu": "needs files=RUN", "table=gpu files=nope": "no run folder nope",
+           "table=latency": "no file latency.json"}
     for options, message in bad.items():
-        folder = "q4-avx2" if "curves" in options else "bf16-default-pair"
+        folder = {"table=curves": "q4-avx2", "table=gpu": "gpu-h200"}.get(
+            options.split(" ")[0], "bf16-default-pair")
         with pytest.raises(DocsTableError, match=message):
             regenerate(f"<!-- results: bench-results/{folder} {options} -->\n<!-- /results -->",
                        ROOT)

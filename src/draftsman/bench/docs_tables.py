@@ -15,7 +15,12 @@ Options (all optional, space separated KEY=VALUE without spaces in a value):
                                (`prefill_share`); table=kernels: a `scripts/kernel_curves.py`
                                folder; table=curves files=a.json|b.json: forward-cost
                                profiles (JSON files under the folder); table=load: a
-                               `draftsman loadtest` folder's table (other options unused)
+                               `draftsman loadtest` folder's table (other options unused);
+                               table=prompt: `analyze parallel-prompt`'s speed per set;
+                               table=match-rate [files=M/match_rate.json|...]: `analyze
+                               match-rate`'s p̂ at d/2 and 3d/4; table=latency: `analyze
+                               pipelined-latency`; table=gpu files=RUN|RUN
+                               [acceptance=CPU_FOLDER]: GPU-check work folders, a column each
     baseline=LABEL             what `speedup` divides by (default autoregressive)
     columns=a,b,c              keep these columns, in this order (names as in the table; `_`
                                stands for a space: `predicted_(this_CPU)`, `mt-bench_turn_2`)
@@ -43,7 +48,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from draftsman.bench.docs_kinds import DocsTableError, curves_table, kernels_table, sets_table
+from draftsman.bench.docs_kinds import (
+    DocsTableError,
+    curves_table,
+    gpu_table,
+    kernels_table,
+    latency_table,
+    match_rate_table,
+    prompt_table,
+    sets_table,
+)
 from draftsman.bench.load import summary_table
 from draftsman.bench.metrics import summarise
 from draftsman.bench.prefill_share import prefill_table
@@ -57,8 +71,10 @@ MARKER = re.compile(r"<!-- results: (?P<folder>\S+)(?P<opts>[^>]*?)-->\n(?P<body
 OPTIONS_MARKER = re.compile(r"<!-- options: (?P<method>\S+) -->\n(?P<body>.*?)<!-- /options -->",
                             re.S)
 TABLES = {"speed": speed_table, "time": time_table}
-KINDS = "speed, time, quality, sets, prefill, kernels, curves or load"
-OPTIONS = ("table", "baseline", "columns", "labels", "dataset", "value", "files")
+FOLDER_KINDS = {"prompt": prompt_table, "match-rate": match_rate_table,
+                "latency": latency_table, "gpu": gpu_table}
+KINDS = "speed, time, quality, sets, prefill, kernels, curves, load, " + ", ".join(FOLDER_KINDS)
+OPTIONS = ("table", "baseline", "columns", "labels", "dataset", "value", "files", "acceptance")
 MAX_COMMITS = 3  # more are summarised as the first and the last measured
 __all__ = ["DocsTableError", "check", "regenerate", "render"]
 
@@ -163,7 +179,9 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
             raise DocsTableError(f"{folder}: no rounds in results.jsonl")
         return provenance(folder, rounds) + "\n\n" + summary_table(rounds) + "\n"
     sources = [folder]
-    if kind == "kernels":
+    if kind in FOLDER_KINDS:  # an analysis or GPU-check folder: its own files, not rows
+        table, sources, rows = FOLDER_KINDS[kind](folder, options, root)
+    elif kind == "kernels":
         rows = _json_rows(folder)
         if not rows:
             raise DocsTableError(f"{folder_name}: no kernel rows in results.jsonl")
