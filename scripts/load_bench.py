@@ -54,6 +54,9 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=3, help="prompts per dataset")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--only", default=None,
+                   help="run only these servers, comma separated (ours-batched, ours-no-batch, "
+                        "ours-llama.cpp, llama-server; default: all)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     parallel = max(int(c) for c in args.concurrency.split(","))
@@ -78,6 +81,12 @@ def main() -> int:
     else:
         print(f"llama-server not built ({llama_server}); run scripts/build_llama_cpp.sh "
               ".venv llama-server to include it", file=sys.stderr)
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",") if name.strip()}
+        unknown = wanted - set(commands) - {"llama-server"}
+        if unknown:
+            raise SystemExit(f"--only: unknown server(s) {', '.join(sorted(unknown))}")
+        commands = {name: c for name, c in commands.items() if name in wanted}
     env = {**os.environ, "LD_LIBRARY_PATH": str(VENV / "llama.cpp" / "lib")}
     procs = {}
     logs = args.out / "logs"
@@ -90,10 +99,11 @@ def main() -> int:
         for name, (port, _) in commands.items():
             wait_healthy(f"http://127.0.0.1:{port}", procs[name])
         off = json.dumps({"draftsman": {"method": "autoregressive"}})
-        servers = ["ours-batched+lookup=http://127.0.0.1:8101",
-                   f"ours-batched+plain=http://127.0.0.1:8101#{off}",
-                   "ours-no-batch+lookup=http://127.0.0.1:8102",
-                   "ours-llama.cpp-batched+lookup=http://127.0.0.1:8104"]
+        urls = {"ours-batched": ["ours-batched+lookup=http://127.0.0.1:8101",
+                                 f"ours-batched+plain=http://127.0.0.1:8101#{off}"],
+                "ours-no-batch": ["ours-no-batch+lookup=http://127.0.0.1:8102"],
+                "ours-llama.cpp": ["ours-llama.cpp-batched+lookup=http://127.0.0.1:8104"]}
+        servers = [url for name in commands for url in urls.get(name, [])]
         if "llama-server" in commands:
             # every round repeats the prompts: llama-server's prompt cache would skip their
             # prefill from the second round on, which distinct users never get (ours has none)
