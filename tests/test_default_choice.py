@@ -214,7 +214,7 @@ def serve_settings(target: Path, monkeypatch, *flags: str):
     from draftsman.cli import serve_cmd
     from draftsman.server import app
 
-    monkeypatch.setattr(app, "create_app", lambda engine, settings: settings)
+    monkeypatch.setattr(app, "create_app", lambda engine, settings, **_: settings)
     parser = argparse.ArgumentParser()
     serve_cmd.register(parser.add_subparsers())
     return serve_cmd.build_app(parser.parse_args(["serve", "--target", str(target),

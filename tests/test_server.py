@@ -133,13 +133,14 @@ class Live:
 
 
 @contextlib.contextmanager
-def serving(engine: draftsman.Engine, *, graceful: float = 5, **overrides: Any
-            ) -> Iterator[Live]:
+def serving(engine: draftsman.Engine, *, graceful: float = 5, engine_thread: Any = None,
+            **overrides: Any) -> Iterator[Live]:
     settings = ServerSettings(**{"model_name": NAME, **DEFAULT, "parallel": 2,
                                  "max_queue": 32, "max_tokens_cap": 400,
                                  "max_prompt_tokens": 128, **overrides})
     pinned = {k: engine.__dict__.get(k) for k in ("model", "default_draft")}
-    app = create_app(engine, settings)  # pins the engine's models to settings.drafts
+    # pins the engine's models to settings.drafts
+    app = create_app(engine, settings, engine_thread=engine_thread)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

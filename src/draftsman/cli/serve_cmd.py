@@ -19,6 +19,7 @@ import signal
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import draftsman
 from draftsman.cli.generate_cmd import (
@@ -34,6 +35,9 @@ from draftsman.errors import InvalidArgumentError
 from draftsman.proposers.drafters import is_model_free
 from draftsman.strategies import registry
 from draftsman.strategies.default_method import DEFAULT
+
+if TYPE_CHECKING:
+    from draftsman.server.engine_thread import EngineThread
 
 KEYS_ENV = "DRAFTSMAN_API_KEYS"
 
@@ -151,8 +155,9 @@ def resident_drafts(args: argparse.Namespace, catalogue_draft: str | None) -> li
     return drafts
 
 
-def build_app(args: argparse.Namespace):
-    """Load the models (once) and build the FastAPI app; no socket is opened here."""
+def build_app(args: argparse.Namespace, engine_thread: EngineThread | None = None):
+    """Load the models (once) and build the FastAPI app; no socket is opened here. `run`
+    calls it on the engine thread, which then also runs the batch loop."""
     from draftsman.server.app import ServerSettings, create_app
 
     catalogue_draft = DEFAULT_DRAFTS.get(args.target)
@@ -185,7 +190,7 @@ def build_app(args: argparse.Namespace):
     logging.getLogger("draftsman.server").info(
         "%d API key(s); history of up to %d tokens", len(settings.api_keys),
         settings.history_tokens)
-    return create_app(engine, settings)
+    return create_app(engine, settings, engine_thread=engine_thread)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,7 +201,12 @@ def run(args: argparse.Namespace) -> int:
 
     _check_limits(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
-    app = build_app(args)
+    # loading and decoding on one thread: a forward on another than the loading thread's
+    # OpenMP team ran 30% slower (server/engine_thread.py)
+    from draftsman.server.engine_thread import EngineThread
+
+    engine_thread = EngineThread()
+    app = engine_thread.call(build_app, args, engine_thread)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     graceful_server(config).run()

@@ -37,6 +37,7 @@ import draftsman
 from draftsman.engine import Engine
 from draftsman.errors import ContextOverflowError, DraftsmanError, ModelNotFoundError
 from draftsman.server.auth import ANONYMOUS
+from draftsman.server.engine_thread import EngineThread
 from draftsman.server.schemas import (
     FINISH_REASONS,
     ApiError,
@@ -108,9 +109,11 @@ async def _wait_for_disconnect(request: Request, job: Job) -> None:
             return
 
 
-def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
-    """The FastAPI app; the scheduler's workers run between lifespan start and shutdown."""
-    server = Server(engine, settings)
+def create_app(engine: Engine, settings: ServerSettings, *,
+               engine_thread: EngineThread | None = None) -> FastAPI:
+    """The FastAPI app; the scheduler's workers run between lifespan start and shutdown
+    (the batch loop on `engine_thread` when given: server/engine_thread.py)."""
+    server = Server(engine, settings, engine_thread=engine_thread)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -25,6 +25,7 @@ from draftsman.batching.scheduler import BatchConfig, BatchScheduler, StepReport
 from draftsman.core import Step
 from draftsman.engine import Engine
 from draftsman.proposers.history import HistoryStore
+from draftsman.server.engine_thread import EngineThread, Hosted
 from draftsman.server.worker import Finished, Job, QueueFull, Scheduler
 
 log = logging.getLogger("draftsman.server")
@@ -46,19 +47,23 @@ class BatchingScheduler(Scheduler):
                  adaptive: bool = True, prefill_stall: float = 2.0,
                  max_kv_tokens: int | None = None,
                  row_cost: Callable[[int], float] | None = None,
-                 on_step: Callable[[StepReport], None] | None = None) -> None:
+                 on_step: Callable[[StepReport], None] | None = None,
+                 engine_thread: EngineThread | None = None) -> None:
         self.batch = BatchScheduler(engine.target.model, BatchConfig(
             max_batch=parallel, prefill_chunk=prefill_chunk, adaptive=adaptive,
             prefill_stall=prefill_stall), row_cost)
         self.max_kv_tokens = max_kv_tokens
         self.kv_reserved = 0
         self.on_step = on_step
+        self.engine_thread = engine_thread  # where the batch loop runs (engine_thread.py)
         self._alone: queue.Queue[Job | None] = queue.Queue()
         self._tickets: dict[int, tuple[Job, Ticket]] = {}
         super().__init__(engine, parallel=parallel, max_queue=max_queue, history=history)
 
-    def _make_threads(self) -> list[threading.Thread]:
-        return [threading.Thread(target=self._loop, name="draftsman-batch", daemon=True),
+    def _make_threads(self) -> list[threading.Thread | Hosted]:
+        batch = (self.engine_thread.hosted(self._loop) if self.engine_thread else
+                 threading.Thread(target=self._loop, name="draftsman-batch", daemon=True))
+        return [batch,
                 # requests that cannot share a forward, one at a time beside the batch
                 threading.Thread(target=self._work, args=(self._alone,),
                                  name="draftsman-worker-alone", daemon=True)]

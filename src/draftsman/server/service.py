@@ -16,6 +16,7 @@ from draftsman.profiling import verify_cost_curve
 from draftsman.proposers.history import HistoryStore
 from draftsman.server.auth import ANONYMOUS, ApiKeys
 from draftsman.server.batch_worker import GAMMA_HEADROOM, BatchingScheduler, kv_bytes_per_token
+from draftsman.server.engine_thread import EngineThread
 from draftsman.server.metrics import Metrics
 from draftsman.server.schemas import (
     ApiError,
@@ -83,9 +84,13 @@ class Prepared:
 class Server:
     """State shared by the routes: engine, scheduler, metrics, settings."""
 
-    def __init__(self, engine: Engine, settings: ServerSettings) -> None:
+    def __init__(self, engine: Engine, settings: ServerSettings, *,
+                 engine_thread: EngineThread | None = None) -> None:
+        """`engine_thread`: the thread the engine was loaded on, where the batch loop runs
+        (engine_thread.py); without it the loop gets a thread of its own."""
         self.engine = engine
         self.settings = settings
+        self.engine_thread = engine_thread
         self.created = now()
         for spec in settings.drafts:  # resident from now on; requests never load models
             engine.model(spec)
@@ -123,7 +128,7 @@ class Server:
             prefill_stall=settings.prefill_stall,
             adaptive=settings.adaptive, max_kv_tokens=settings.max_kv_tokens,
             row_cost=(lambda n: curve.get(n, float(n))) if curve else None,
-            on_step=self.metrics.batch_step)
+            on_step=self.metrics.batch_step, engine_thread=self.engine_thread)
 
     def _check_defaults(self) -> None:
         """Fail at start-up, not on the first request, when the default method is unusable."""
