@@ -148,17 +148,17 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Two pipelines of (C, A, B) tiles: tmm0/3 C, `rows` x 16 int32; tmm1/4 A, `rows` x one
-// sub-block of `width` int8; tmm2/5 B, width / 4 x 64 (width k x 16 columns in VNNI order).
-// Tile state is per thread: each thread configures its own.
-void configure(int rows, int width) {
+// The tile configuration of the Q6_K path, two pipelines of (C, A, B) tiles: tmm0/3 C,
+// `rows` x 16 int32; tmm1/4 A, `rows` x one 16-weight sub-block of int8; tmm2/5 B, 4 x 64
+// (16 k x 16 columns in VNNI order). Tile state is per thread: each thread configures its own.
+void configure_q6k(int rows) {
   TileConfig cfg;
   for (int t : {0, 3}) {
     cfg.rows[t] = static_cast<uint8_t>(rows);
     cfg.colsb[t] = 64;
     cfg.rows[t + 1] = static_cast<uint8_t>(rows);
-    cfg.colsb[t + 1] = static_cast<uint16_t>(width);
-    cfg.rows[t + 2] = static_cast<uint8_t>(width / 4);
+    cfg.colsb[t + 1] = 16;
+    cfg.rows[t + 2] = 4;
     cfg.colsb[t + 2] = 64;
   }
   _tile_loadconfig(&cfg);
@@ -441,7 +441,7 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
           if (qtype == TYPE_Q4_K) {
             configure_q4k(rows);
           } else {
-            configure(rows, 16);
+            configure_q6k(rows);
           }
           configured = rows;
         }
