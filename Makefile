@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml scripts/build_llama_cpp.sh
 	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(VENV)/bin/pip install --quiet \
 		--no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
 	scripts/build_llama_cpp.sh $(VENV)
-	# our kernels for --dtype q4 (kernels/gguf_matmul.cpp, decode_ops.cpp), built for this CPU
+	# our kernels for --dtype q4 (kernels/*.cpp), built for this CPU
 	$(VENV)/bin/python -c "from draftsman.kernels.native import build; build(verbose=True)"
 	touch $(STAMP)
 

@@ -66,31 +66,40 @@ def attention_inputs(dtype, t=4, start=37, hq=6, hkv=2, d=40, seed=2):
     return q, keys, values
 
 
+# head sizes: 40 takes the 8-wide path everywhere, 64 and 128 the AVX-512 one where the CPU
+# has it (kernels/attention_ops.cpp)
+HEAD_SIZES = [40, 64, 128]
+
+
+@pytest.mark.parametrize("d", HEAD_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_short_attention_matches_matmul_attention(dtype):
-    q, keys, values = attention_inputs(dtype)
+def test_short_attention_matches_matmul_attention(dtype, d):
+    q, keys, values = attention_inputs(dtype, d=d)
     bias = additive_mask(causal_mask(37, 4, q.device))
     got = ops.short_attention(q, keys, values, bias, q.shape[-1] ** -0.5)
     want = matmul_attention(q, keys, values, bias)
-    assert got.shape == want.shape == (1, 4, 6 * 40)
+    assert got.shape == want.shape == (1, 4, 6 * d)
     torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-2,
                                atol=1e-5 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize(("d", "rows"), [(40, 5), (64, 5), (128, 11)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_short_attention_rows_are_one_row_calls(dtype):
-    q, keys, values = attention_inputs(dtype, t=5)
-    bias = additive_mask(causal_mask(37, 5, q.device))
-    rows = ops.short_attention(q, keys, values, bias, 0.1)
-    for t in range(5):
+def test_short_attention_rows_are_one_row_calls(dtype, d, rows):
+    # 11 rows: a task of 8 and one of 3 on the AVX-512 path; 37 + t keys: a padded last block
+    q, keys, values = attention_inputs(dtype, t=rows, d=d)
+    bias = additive_mask(causal_mask(37, rows, q.device))
+    got = ops.short_attention(q, keys, values, bias, 0.1)
+    for t in range(rows):
         end = 37 + t + 1  # the slots a one-token decode at this position would see
         alone = ops.short_attention(q[:, :, t:t + 1], keys[:, :, :end], values[:, :, :end],
                                     None, 0.1)
-        assert torch.equal(alone[:, 0], rows[:, t]), t
+        assert torch.equal(alone[:, 0], got[:, t]), t
 
 
-def test_short_attention_mask_hides_exactly_the_masked_slots():
-    q, keys, values = attention_inputs(torch.float32, t=3)
+@pytest.mark.parametrize("d", [40, 64])
+def test_short_attention_mask_hides_exactly_the_masked_slots(d):
+    q, keys, values = attention_inputs(torch.float32, t=3, d=d)
     mask = torch.ones(3, 40, dtype=torch.bool)
     mask[:, 10] = False  # a tree mask: slot 10 hidden from every row
     bias = additive_mask(mask[None, None])
@@ -114,9 +123,10 @@ def test_short_attention_groups_query_heads_onto_their_kv_head():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("d", "t"), [(16, 3), (128, 10)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype):
-    nq, nkv, d, start, t = 4, 2, 16, 5, 3
+def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype, d, t):
+    nq, nkv, start = 4, 2, 5
     config = ModelConfig.from_dict(dict(
         model_type="llama", vocab_size=10, hidden_size=nq * d, intermediate_size=8,
         num_hidden_layers=1, num_attention_heads=nq, num_key_value_heads=nkv,
@@ -124,8 +134,8 @@ def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype):
     cos, sin = RotaryTable(config, 64, dtype).lookup(torch.arange(start, start + t)[None])
     g = torch.Generator().manual_seed(3)
     qkv = (torch.randn(1, t, (nq + 2 * nkv) * d, generator=g) * 2).to(dtype)
-    k_cache = torch.randn(1, nkv, 12, d, generator=g).to(dtype)
-    v_cache = torch.randn(1, nkv, 12, d, generator=g).to(dtype)
+    k_cache = torch.randn(1, nkv, start + t + 4, d, generator=g).to(dtype)
+    v_cache = torch.randn(1, nkv, start + t + 4, d, generator=g).to(dtype)
     want_k, want_v = k_cache.clone(), v_cache.clone()
     bias = additive_mask(causal_mask(start, t, qkv.device))
     got = ops.rope_attention(qkv, cos, sin, k_cache, v_cache, start, bias, d ** -0.5, nq, nkv)

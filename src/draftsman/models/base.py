@@ -163,7 +163,7 @@ def cached_attention(
     """q [B, Hq, T, D], k/v [B, Hkv, T, D] for the new tokens -> [B, T, Hq * D].
 
     `mask` as `attention_mask` builds it, additive where `uses_matmul_attention`; there,
-    `fused` computes it in one call to draftsman's own CPU kernel (kernels/decode_ops.cpp,
+    `fused` computes it in one call to draftsman's own CPU kernel (kernels/attention_ops.cpp,
     float32 within, each query row on its own) instead of ~15 PyTorch operators."""
     keys, values = cache.write(layer, start, k, v)  # [B, Hkv, start+T, D]
     if uses_matmul_attention(q.shape[2], q.device):
@@ -220,9 +220,10 @@ class DecoderLM(nn.Module):
     def use_fused_cpu_ops(self, on: bool = True) -> None:
         """Run the small ops of a step (RMSNorm, SwiGLU's silu * up, attention over up to
         MATMUL_ATTENTION_ROWS new rows) as one call each to draftsman's own CPU kernels
-        (kernels/decode_ops.cpp) instead of several PyTorch operators. They are batch
-        invariant like the PyTorch path but round attention differently, so a model keeps
-        one choice for its whole life; `quantize_model` takes them where they build.
+        (kernels/decode_ops.cpp, attention_ops.cpp) instead of several PyTorch operators.
+        They are batch invariant like the PyTorch path but round attention differently, so a
+        model keeps one choice for its whole life; `quantize_model` takes them where they
+        build.
         UnsupportedError where the kernels do not build."""
         if on and not kquant_available():
             raise UnsupportedError(f"the fused CPU ops do not load here: {unavailable_reason()}")

@@ -66,7 +66,7 @@ class KVCache:
     def write_rotated_and_attend(self, layer: int, start: int, qkv: torch.Tensor,
                                  cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor | None,
                                  n_heads: int, n_kv: int) -> torch.Tensor:
-        """One fused CPU call (kernels/decode_ops.cpp): q and k of qkv [B, T, (Hq + 2 Hkv) D]
+        """One fused CPU call (kernels/attention_ops.cpp): q and k of qkv [B, T, (Hq + 2 Hkv) D]
         rotated by cos/sin [B, T, 1, D] (as `apply_rotary` rounds), k and v stored at slots
         start..start+T like `write`, then the new rows attend over slots < start + T
         (`bias` additive float32 [B or 1, 1, T, start + T], None: all visible) -> [B, T, Hq D]."""

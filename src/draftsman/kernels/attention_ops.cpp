@@ -1,0 +1,474 @@
+// Attention of a few new rows against the KV cache, each one call:
+//   short_attention softmax(q k^T * scale + bias) v for a few new rows against the cache
+//   rope_attention  RoPE on q and k, k and v stored in the cache, then short_attention
+//
+// Invariant (batch invariance): every output row depends on its own query row, the cache and
+// its bias row only, computed in the same order whatever the number of rows or threads.
+// Exact decoding methods on these kernels therefore emit their own autoregressive tokens.
+// They need not match PyTorch's own operators bit for bit (summation order and exp differ
+// in the last float bits), only themselves.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "simd_math.h"
+
+namespace {
+
+using namespace draftsman_simd;
+
+// ---- short_attention ----
+
+void exp_shift(float* s, int64_t n, float shift) {
+  int64_t i = 0;
+#if DRAFTSMAN_AVX2
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(s + i, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), _mm256_set1_ps(shift))));
+  }
+#endif
+  for (; i < n; ++i) s[i] = exp_scalar(s[i] - shift);
+}
+
+template <typename T>
+void to_floats(const T* src, int64_t d, float* dst) {
+  int64_t i = 0;
+#if DRAFTSMAN_AVX2
+  for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, load8(src + i));
+#endif
+  for (; i < d; ++i) dst[i] = to_float(src[i]);
+}
+
+// dot(q, k) over d floats (four independent accumulators: the fma latency, not its
+// throughput, would bound one chain)
+float dot(const float* q, const float* k, int64_t d) {
+  int64_t i = 0;
+  float sum = 0.f;
+#if DRAFTSMAN_AVX2
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+  for (; i + 32 <= d; i += 32) {
+    for (int a = 0; a < 4; ++a) {
+      acc[a] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8 * a), _mm256_loadu_ps(k + i + 8 * a), acc[a]);
+    }
+  }
+  for (; i + 8 <= d; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), acc[0]);
+  sum = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+#endif
+  for (; i < d; ++i) sum = std::fma(q[i], k[i], sum);
+  return sum;
+}
+
+// out[r][c0..c0+w) = sum_j p[r][j] v[j][c0..c0+w) for R rows at once (v read once for all);
+// each row's sum runs over j in order, whatever R
+template <int R, typename T>
+void weigh_values(const float* const* p, const T* v, int64_t vstride, int64_t s, int64_t d,
+                  float* const* out) {
+  int64_t c = 0;
+#if DRAFTSMAN_AVX2
+  for (; c + 16 <= d; c += 16) {  // two column chunks: 2R independent fma chains
+    __m256 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < s; ++j) {
+      const __m256 v0 = load8(v + j * vstride + c), v1 = load8(v + j * vstride + c + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 pj = _mm256_broadcast_ss(p[r] + j);
+        lo[r] = _mm256_fmadd_ps(pj, v0, lo[r]);
+        hi[r] = _mm256_fmadd_ps(pj, v1, hi[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_ps(out[r] + c, lo[r]);
+      _mm256_storeu_ps(out[r] + c + 8, hi[r]);
+    }
+  }
+  for (; c + 8 <= d; c += 8) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < s; ++j) {
+      const __m256 vj = load8(v + j * vstride + c);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[r] + j), vj, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + c, acc[r]);
+  }
+#endif
+  for (; c < d; ++c) {
+    for (int r = 0; r < R; ++r) {
+      float acc = 0.f;
+      for (int64_t j = 0; j < s; ++j) acc = std::fma(p[r][j], to_float(v[j * vstride + c]), acc);
+      out[r][c] = acc;
+    }
+  }
+}
+
+template <typename T>
+void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+            const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
+  const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
+  const int64_t hkv = keys.size(1), s = keys.size(2), group = hq / hkv;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = keys.data_ptr<T>();
+  const T* vp = values.data_ptr<T>();
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  const int64_t bias_b = bias && bias->size(0) > 1 ? bias->stride(0) : 0;
+  const int64_t bias_t = bias ? bias->stride(2) : 0;
+  T* op = out.data_ptr<T>();
+  // One task per (batch, KV head, new row): its `group` query heads share every key and
+  // value read. Each query row is still computed on its own, in the same order: scores
+  // q.k * scale + bias, softmax over the s cached slots, then the weighted sum of values.
+  at::parallel_for(0, b * hkv * t, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(static_cast<size_t>(group * d)), kf(static_cast<size_t>(d));
+    std::vector<float> sc(static_cast<size_t>(group * s)), acc(static_cast<size_t>(group * d));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bi = task / (hkv * t), g = (task / t) % hkv, ti = task % t;
+      for (int64_t i = 0; i < group; ++i) {
+        const T* qr = qp + bi * q.stride(0) + (g * group + i) * q.stride(1) + ti * q.stride(2);
+        for (int64_t e = 0; e < d; ++e) qf[i * d + e] = to_float(qr[e]) * scale;
+      }
+      const T* kb = kp + bi * keys.stride(0) + g * keys.stride(1);
+      const T* vb = vp + bi * values.stride(0) + g * values.stride(1);
+      const float* br = bp ? bp + bi * bias_b + ti * bias_t : nullptr;
+      for (int64_t j = 0; j < s; ++j) {
+        to_floats(kb + j * keys.stride(2), d, kf.data());
+        const float add = br ? br[j] : 0.f;
+        for (int64_t i = 0; i < group; ++i) sc[i * s + j] = dot(qf.data() + i * d, kf.data(), d) + add;
+      }
+      std::vector<const float*> rows(static_cast<size_t>(group));
+      std::vector<float*> outs(static_cast<size_t>(group));
+      for (int64_t i = 0; i < group; ++i) {
+        float* row = sc.data() + i * s;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < s; ++j) top = std::fmax(top, row[j]);
+        exp_shift(row, s, top);
+        rows[i] = row;
+        outs[i] = acc.data() + i * d;
+      }
+      int64_t i = 0;
+      for (; i + 4 <= group; i += 4) weigh_values<4>(&rows[i], vb, values.stride(2), s, d, &outs[i]);
+      for (; i + 2 <= group; i += 2) weigh_values<2>(&rows[i], vb, values.stride(2), s, d, &outs[i]);
+      for (; i < group; ++i) weigh_values<1>(&rows[i], vb, values.stride(2), s, d, &outs[i]);
+      for (int64_t r = 0; r < group; ++r) {
+        float total = 0.f;
+        for (int64_t j = 0; j < s; ++j) total += rows[r][j];
+        const float inv = 1.f / total;
+        T* orow = op + (bi * t + ti) * hq * d + (g * group + r) * d;
+        for (int64_t e = 0; e < d; ++e) orow[e] = T(acc[r * d + e] * inv);
+      }
+    }
+  });
+}
+
+// ---- the AVX-512 path: up to 8 new rows of a KV head share each key and value read ----
+//
+// A task is (batch, KV head, up to ROWS_PER_TASK new rows): its keys and values are widened
+// to float once and every query row of the task (group x rows) is scored against them. A
+// score is d/16 lane-wise fmas in order over the head dimension, then one fixed tree over
+// the 16 lanes (`sum_lanes8`), whatever the key's place in its block of 8 (the last block
+// is padded with zero keys) and whatever the other rows; a value sum runs over the slots in
+// order per lane. So the invariant above holds on this path too; its results differ from
+// the 8-wide path's in the last bits (another summation order), so a build uses one of them
+// for a head size.
+#if defined(__AVX512F__)
+#define DRAFTSMAN_AVX512 1
+constexpr int64_t ROWS_PER_TASK = 8;
+
+// the 16 lanes of each of 8 accumulators summed, one tree for each: 8 dot products
+inline __m256 sum_lanes8(const __m512* a) {
+  __m256 h[8];
+  for (int k = 0; k < 8; ++k) {
+    const __m256 top = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[k]), 1));
+    h[k] = _mm256_add_ps(_mm512_castps512_ps256(a[k]), top);
+  }
+  // hadd(hadd(h0, h1), hadd(h2, h3)) = [h0..h3 over lanes 0-3 | h0..h3 over lanes 4-7]
+  const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+  const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+// sc[i][j0..j0+8) = q_i . k_j for query rows q [n x d] against keys k [s_pad x d] (s_pad a
+// multiple of 8); two query rows at a time share each key load
+void scores_wide(const float* q, int64_t n, const float* k, int64_t s_pad, int64_t d, float* sc) {
+  for (int64_t j0 = 0; j0 < s_pad; j0 += 8) {
+    const float* kb = k + j0 * d;
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      __m512 a[8], b[8];
+      for (int c = 0; c < 8; ++c) a[c] = b[c] = _mm512_setzero_ps();
+      for (int64_t e = 0; e < d; e += 16) {
+        const __m512 qa = _mm512_loadu_ps(q + i * d + e), qb = _mm512_loadu_ps(q + (i + 1) * d + e);
+        for (int c = 0; c < 8; ++c) {
+          const __m512 kv = _mm512_loadu_ps(kb + c * d + e);
+          a[c] = _mm512_fmadd_ps(qa, kv, a[c]);
+          b[c] = _mm512_fmadd_ps(qb, kv, b[c]);
+        }
+      }
+      _mm256_storeu_ps(sc + i * s_pad + j0, sum_lanes8(a));
+      _mm256_storeu_ps(sc + (i + 1) * s_pad + j0, sum_lanes8(b));
+    }
+    for (; i < n; ++i) {
+      __m512 a[8];
+      for (int c = 0; c < 8; ++c) a[c] = _mm512_setzero_ps();
+      for (int64_t e = 0; e < d; e += 16) {
+        const __m512 qa = _mm512_loadu_ps(q + i * d + e);
+        for (int c = 0; c < 8; ++c) a[c] = _mm512_fmadd_ps(qa, _mm512_loadu_ps(kb + c * d + e), a[c]);
+      }
+      _mm256_storeu_ps(sc + i * s_pad + j0, sum_lanes8(a));
+    }
+  }
+}
+
+// out[r] = sum_j p[r][j] v_j for R rows, v [s x d] floats (d a multiple of 64), 64 columns
+// at a time: 4R accumulators, each value vector loaded once for all R rows
+template <int R>
+void weigh_values_wide(const float* const* p, const float* v, int64_t s, int64_t d, float* const* out) {
+  for (int64_t c = 0; c < d; c += 64) {
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < s; ++j) {
+      const float* vj = v + j * d + c;
+      const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+      const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
+      for (int r = 0; r < R; ++r) {
+        const __m512 pj = _mm512_set1_ps(p[r][j]);
+        acc[r][0] = _mm512_fmadd_ps(pj, v0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(pj, v1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(pj, v2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(pj, v3, acc[r][3]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int w = 0; w < 4; ++w) _mm512_storeu_ps(out[r] + c + 16 * w, acc[r][w]);
+    }
+  }
+}
+
+// a per-thread scratch that only grows (no allocation, page faults or zeroing per call)
+float* scratch(std::vector<float>& buf, int64_t n) {
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
+
+template <typename T>
+void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                 const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
+  const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
+  const int64_t hkv = keys.size(1), s = keys.size(2), group = hq / hkv;
+  const int64_t s_pad = (s + 7) / 8 * 8, chunks = (t + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  const int64_t bias_b = bias && bias->size(0) > 1 ? bias->stride(0) : 0;
+  const int64_t bias_t = bias ? bias->stride(2) : 0;
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, b * hkv * chunks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> kbuf, vbuf, qbuf, sbuf, abuf;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t bi = task / (hkv * chunks), g = (task / chunks) % hkv;
+      const int64_t r0 = (task % chunks) * ROWS_PER_TASK, rows = std::min(ROWS_PER_TASK, t - r0);
+      const int64_t n = rows * group;  // query rows: (new row, head in the group)
+      float* kf = scratch(kbuf, s_pad * d);
+      float* vf = scratch(vbuf, s * d);
+      float* qf = scratch(qbuf, n * d);
+      float* sc = scratch(sbuf, n * s_pad);
+      float* acc = scratch(abuf, n * d);
+      const T* kb = keys.data_ptr<T>() + bi * keys.stride(0) + g * keys.stride(1);
+      const T* vb = values.data_ptr<T>() + bi * values.stride(0) + g * values.stride(1);
+      for (int64_t j = 0; j < s; ++j) {
+        to_floats(kb + j * keys.stride(2), d, kf + j * d);
+        to_floats(vb + j * values.stride(2), d, vf + j * d);
+      }
+      std::fill(kf + s * d, kf + s_pad * d, 0.f);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t ti = r0 + i / group, h = g * group + i % group;
+        const T* qr = q.data_ptr<T>() + bi * q.stride(0) + h * q.stride(1) + ti * q.stride(2);
+        for (int64_t e = 0; e < d; ++e) qf[i * d + e] = to_float(qr[e]) * scale;
+      }
+      scores_wide(qf, n, kf, s_pad, d, sc);
+      std::vector<const float*> rows_p(static_cast<size_t>(n));
+      std::vector<float*> outs(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = sc + i * s_pad;
+        if (bp) {
+          const float* br = bp + bi * bias_b + (r0 + i / group) * bias_t;
+          for (int64_t j = 0; j < s; ++j) row[j] += br[j];
+        }
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < s; ++j) top = std::fmax(top, row[j]);
+        exp_shift(row, s, top);
+        rows_p[i] = row;
+        outs[i] = acc + i * d;
+      }
+      int64_t i = 0;
+      for (; i + 6 <= n; i += 6) weigh_values_wide<6>(&rows_p[i], vf, s, d, &outs[i]);
+      for (; i + 2 <= n; i += 2) weigh_values_wide<2>(&rows_p[i], vf, s, d, &outs[i]);
+      for (; i < n; ++i) weigh_values_wide<1>(&rows_p[i], vf, s, d, &outs[i]);
+      for (int64_t r = 0; r < n; ++r) {
+        float total = 0.f;
+        for (int64_t j = 0; j < s; ++j) total += rows_p[r][j];
+        const float inv = 1.f / total;
+        const int64_t ti = r0 + r / group, h = g * group + r % group;
+        T* orow = op + (bi * t + ti) * hq * d + h * d;
+        for (int64_t e = 0; e < d; ++e) orow[e] = T(acc[r * d + e] * inv);
+      }
+    }
+  });
+}
+#else
+#define DRAFTSMAN_AVX512 0
+#endif
+
+// the attention this build runs for a head size: the AVX-512 path where the CPU has it and
+// the head size is a multiple of 64, the 8-wide one elsewhere
+template <typename T>
+void attend_best(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                 const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
+#if DRAFTSMAN_AVX512
+  if (q.size(3) % 64 == 0) return attend_wide<T>(q, keys, values, bias, scale, out);
+#endif
+  attend<T>(q, keys, values, bias, scale, out);
+}
+
+at::Tensor short_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                           const c10::optional<at::Tensor>& bias, double scale) {
+  TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4,
+              "short_attention: q [B, Hq, T, D], keys/values [B, Hkv, S, D]");
+  TORCH_CHECK(q.stride(3) == 1 && keys.stride(3) == 1 && values.stride(3) == 1,
+              "short_attention: the last dimension must be contiguous");
+  TORCH_CHECK(keys.sizes() == values.sizes() && keys.size(0) == q.size(0) &&
+                  keys.size(3) == q.size(3) && q.size(1) % keys.size(1) == 0,
+              "short_attention: shapes do not match");
+  TORCH_CHECK(keys.scalar_type() == q.scalar_type() && values.scalar_type() == q.scalar_type(),
+              "short_attention: q, keys and values must share a dtype");
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 4 &&
+                    bias->size(2) == q.size(2) && bias->size(3) == keys.size(2) &&
+                    bias->stride(3) == 1,
+                "short_attention: bias must be float32 [B or 1, 1, T, S]");
+  }
+  at::Tensor out = at::empty({q.size(0), q.size(2), q.size(1) * q.size(3)}, q.options());
+  if (q.scalar_type() == at::kBFloat16) {
+    attend_best<c10::BFloat16>(q, keys, values, bias, static_cast<float>(scale), out);
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "short_attention: float32 or bfloat16 only");
+    attend_best<float>(q, keys, values, bias, static_cast<float>(scale), out);
+  }
+  return out;
+}
+
+// ---- rope_attention: rotate, store in the cache, attend ----
+
+// x rotated by its position's angle as `apply_rotary` (models/rope.py) rounds it: each
+// product in the activation dtype, then their sum; sin has its first half negated, so
+// out = x * cos + (x2, x1) * sin over the half-split pairs (i, i + D/2).
+template <typename T>
+void rotate(const T* x, const T* cos, const T* sin, int64_t d, T* out) {
+  const int64_t half = d / 2;
+  int64_t i = 0;
+#if DRAFTSMAN_AVX2
+  if (half % 8 == 0) {  // the same products, roundings and sums, 8 at a time
+    for (; i < d; i += 8) {
+      const __m256 swapped = load8(x + (i < half ? i + half : i - half));
+      const __m256 a = round_avx2(_mm256_mul_ps(load8(x + i), load8(cos + i)), out);
+      const __m256 b = round_avx2(_mm256_mul_ps(swapped, load8(sin + i)), out);
+      store8(out + i, round_avx2(_mm256_add_ps(a, b), out));
+    }
+  }
+#endif
+  for (; i < d; ++i) {
+    const float swapped = to_float(x[i < half ? i + half : i - half]);
+    const float a = round_to<T>(to_float(x[i]) * to_float(cos[i]));
+    const float b = round_to<T>(swapped * to_float(sin[i]));
+    out[i] = T(a + b);
+  }
+}
+
+template <typename T>
+at::Tensor rope_attention_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                               at::Tensor& k_cache, at::Tensor& v_cache, int64_t start,
+                               const c10::optional<at::Tensor>& bias, double scale,
+                               int64_t nq, int64_t nkv) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), d = k_cache.size(3);
+  const int64_t width = (nq + 2 * nkv) * d;
+  at::Tensor q = at::empty({b, nq, t, d}, qkv.options());
+  const T* src = qkv.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  T* qp = q.data_ptr<T>();
+  T* kc = k_cache.data_ptr<T>();
+  T* vc = v_cache.data_ptr<T>();
+  // q and k heads rotated (q into a fresh [B, Hq, T, D], k into its cache slot), v copied
+  at::parallel_for(0, b * t, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t bi = r / t, ti = r % t;
+      const T* row = src + r * width;
+      const T* c = cp + r * d;
+      const T* sn = sp + r * d;
+      for (int64_t h = 0; h < nq; ++h) rotate(row + h * d, c, sn, d, qp + ((bi * nq + h) * t + ti) * d);
+      for (int64_t h = 0; h < nkv; ++h) {
+        const int64_t slot = bi * k_cache.stride(0) + h * k_cache.stride(1) + (start + ti) * k_cache.stride(2);
+        rotate(row + (nq + h) * d, c, sn, d, kc + slot);
+        std::memcpy(vc + bi * v_cache.stride(0) + h * v_cache.stride(1) + (start + ti) * v_cache.stride(2),
+                    row + (nq + nkv + h) * d, sizeof(T) * d);
+      }
+    }
+  });
+  const at::Tensor keys = k_cache.narrow(2, 0, start + t);
+  const at::Tensor values = v_cache.narrow(2, 0, start + t);
+  at::Tensor out = at::empty({b, t, nq * d}, qkv.options());
+  attend_best<T>(q, keys, values, bias, static_cast<float>(scale), out);
+  return out;
+}
+
+at::Tensor rope_attention(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                          at::Tensor k_cache, at::Tensor v_cache, int64_t start,
+                          const c10::optional<at::Tensor>& bias, double scale, int64_t n_heads,
+                          int64_t n_kv) {
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "rope_attention: caches must be [B, Hkv, S, D] with D contiguous");
+  const int64_t d = k_cache.size(3);
+  TORCH_CHECK(qkv.dim() == 3 && qkv.is_contiguous() && qkv.size(0) == k_cache.size(0) &&
+                  qkv.size(2) == (n_heads + 2 * n_kv) * d && k_cache.size(1) == n_kv &&
+                  n_heads % n_kv == 0 && d % 2 == 0,
+              "rope_attention: qkv must be a contiguous [B, T, (Hq + 2 Hkv) D]");
+  const int64_t b = qkv.size(0), t = qkv.size(1);
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == b * t * d &&
+                  sin.numel() == b * t * d,
+              "rope_attention: cos/sin must be contiguous [B, T, (1,) D]");
+  TORCH_CHECK(start >= 0 && start + t <= k_cache.size(2), "rope_attention: slots out of range");
+  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && cos.scalar_type() == qkv.scalar_type() &&
+                  sin.scalar_type() == qkv.scalar_type() && v_cache.scalar_type() == qkv.scalar_type(),
+              "rope_attention: one dtype for qkv, cos/sin and the caches");
+  if (bias) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->dim() == 4 && bias->size(2) == t &&
+                    bias->size(3) == start + t && bias->stride(3) == 1,
+                "rope_attention: bias must be float32 [B or 1, 1, T, start + T]");
+  }
+  if (qkv.scalar_type() == at::kBFloat16) {
+    return rope_attention_impl<c10::BFloat16>(qkv, cos, sin, k_cache, v_cache, start, bias, scale,
+                                              n_heads, n_kv);
+  }
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat, "rope_attention: float32 or bfloat16 only");
+  return rope_attention_impl<float>(qkv, cos, sin, k_cache, v_cache, start, bias, scale, n_heads,
+                                    n_kv);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(draftsman, m) {
+  m.def("short_attention(Tensor q, Tensor keys, Tensor values, Tensor? bias, float scale) -> Tensor");
+  m.def("rope_attention(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "int start, Tensor? bias, float scale, int n_heads, int n_kv) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
+  m.impl("short_attention", &short_attention);
+  m.impl("rope_attention", &rope_attention);
+}
