@@ -137,3 +137,21 @@ def test_the_batch_loop_runs_on_the_engine_thread(engine):  # noqa: F811
     assert seen == {engine_thread.ident}
     assert text == reference(engine, PROMPTS[0], max_new_tokens=8,
                              method="autoregressive").text
+
+
+def test_unbatched_worker_zero_runs_on_the_engine_thread(engine):  # noqa: F811
+    """`serve --no-batch`: the first worker decodes on the engine thread, the others on
+    threads of their own."""
+    engine_thread = EngineThread()
+    ran: list[int] = []
+    with serving(engine, parallel=1, batch=False, engine_thread=engine_thread) as live:
+        scheduler = live.app.state.server.scheduler
+        assert not isinstance(scheduler, BatchingScheduler)
+        run = scheduler._run
+        scheduler._run = lambda job: (ran.append(threading.get_ident()), run(job))[1]
+        text = live.client(timeout=120).completions.create(
+            model=NAME, prompt=PROMPTS[1], max_tokens=8, temperature=0,
+            extra_body=AR).choices[0].text
+    assert ran == [engine_thread.ident]
+    assert text == reference(engine, PROMPTS[1], max_new_tokens=8,
+                             method="autoregressive").text

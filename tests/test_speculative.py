@@ -8,6 +8,7 @@ exact distribution (chi-square), and the same test rejects a deliberately broken
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -286,3 +287,29 @@ def test_a_draft_that_cannot_pay_is_never_run(models):
         assert got == expected
         assert sum(s.draft_forwards for s in steps) == 0
         assert all(s.drafted == 0 for s in steps)
+
+
+def test_reading_the_prompt_is_not_a_cost_per_guess(models, monkeypatch):
+    """A draft model reads the prompt once, when first asked for guesses: that time is the
+    step's draft time but not the γ policy's cost per guess (it once made a long prompt's
+    first guess look many target forwards dear and switched the draft off for good)."""
+    proposer = DraftModelProposer(models["close"])
+    start = proposer.start
+    prompt = prompts(1)[0]
+    read: list[list[int]] = []
+
+    def slow_start(prompt_ids, capacity):
+        time.sleep(0.3)
+        start(prompt_ids, capacity)
+        read.append(list(proposer.state.fed))
+
+    monkeypatch.setattr(proposer, "start", slow_start)
+    policy = make_policy(2, None)
+    seen = []
+    update = policy.update
+    monkeypatch.setattr(policy, "update", lambda fb: (seen.append(fb), update(fb))[1])
+    got, steps = run(Speculative(models["target"], proposer, policy), prompt, max_new=8)
+    assert read == [prompt[:-1]]
+    assert seen and max(fb.draft_seconds for fb in seen) < 0.3
+    assert sum(s.draft_seconds for s in steps) >= 0.3
+    assert got == run(Autoregressive(models["target"]), prompt, max_new=8)[0]

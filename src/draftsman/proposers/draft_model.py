@@ -25,7 +25,13 @@ class DraftModelProposer(Proposer):
         self.state: ModelState | None = None
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
+        """Read the prompt now, once: a one-time cost like the target's prefill (timed as
+        `draft_setup`), which the first guesses must not carry into the cost per guess the
+        γ policy learns (a 1,500-token prompt made one guess look 16 target forwards dear
+        and switched the draft off for good)."""
         self.state = ModelState(self.model, capacity)
+        if len(prompt_ids) > 1:  # all but the last: a propose always has a token to feed
+            self.state.feed(list(prompt_ids[:-1]), logits_at=None)
 
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
                 stop_below: float | None = None) -> Proposal:

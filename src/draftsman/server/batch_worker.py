@@ -55,10 +55,11 @@ class BatchingScheduler(Scheduler):
         self.max_kv_tokens = max_kv_tokens
         self.kv_reserved = 0
         self.on_step = on_step
-        self.engine_thread = engine_thread  # where the batch loop runs (engine_thread.py)
         self._alone: queue.Queue[Job | None] = queue.Queue()
         self._tickets: dict[int, tuple[Job, Ticket]] = {}
-        super().__init__(engine, parallel=parallel, max_queue=max_queue, history=history)
+        # the batch loop runs on engine_thread when given (engine_thread.py)
+        super().__init__(engine, parallel=parallel, max_queue=max_queue, history=history,
+                         engine_thread=engine_thread)
 
     def _make_threads(self) -> list[threading.Thread | Hosted]:
         batch = (self.engine_thread.hosted(self._loop) if self.engine_thread else

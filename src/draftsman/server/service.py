@@ -86,8 +86,9 @@ class Server:
 
     def __init__(self, engine: Engine, settings: ServerSettings, *,
                  engine_thread: EngineThread | None = None) -> None:
-        """`engine_thread`: the thread the engine was loaded on, where the batch loop runs
-        (engine_thread.py); without it the loop gets a thread of its own."""
+        """`engine_thread`: the thread the engine was loaded on, where the batch loop (or,
+        unbatched, worker 0) runs (engine_thread.py); without it they get threads of their
+        own."""
         self.engine = engine
         self.settings = settings
         self.engine_thread = engine_thread
@@ -113,7 +114,7 @@ class Server:
         settings, engine = self.settings, self.engine
         if not (settings.batch and engine.target.model.capabilities.has("ragged_batches")):
             return Scheduler(engine, parallel=settings.parallel, max_queue=settings.max_queue,
-                             history=self.history)
+                             history=self.history, engine_thread=self.engine_thread)
         curve = verify_cost_curve(engine, 64) if settings.adaptive else {}
         # at most `parallel` requests hold a cache, each at most the context; a smaller
         # --max-kv-tokens is enforced at admission (429)

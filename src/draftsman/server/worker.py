@@ -31,6 +31,7 @@ from draftsman.core import Stats, Step
 from draftsman.engine import Engine, Event, Request
 from draftsman.errors import ModelNotFoundError
 from draftsman.proposers.history import HistoryStore, Scope
+from draftsman.server.engine_thread import EngineThread, Hosted
 from draftsman.server.schemas import ApiError
 
 log = logging.getLogger("draftsman.server")
@@ -148,15 +149,19 @@ class QueueFull(ApiError):
 
 
 class Scheduler:
-    """Admission control plus `parallel` daemon worker threads sharing one engine."""
+    """Admission control plus `parallel` workers sharing one engine. Worker 0 runs on
+    `engine_thread` when given (the thread that loaded the engine: its forwards run at
+    in-process speed, server/engine_thread.py), the others on daemon threads of their own."""
 
     def __init__(self, engine: Engine, *, parallel: int = 1, max_queue: int = 16,
-                 history: HistoryStore | None = None) -> None:
+                 history: HistoryStore | None = None,
+                 engine_thread: EngineThread | None = None) -> None:
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, got {parallel}")
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.engine = engine
+        self.engine_thread = engine_thread
         self.history = history  # each finished request's prompt and reply go there
         self.parallel = parallel
         self.max_queue = max_queue
@@ -169,9 +174,13 @@ class Scheduler:
         self._mean_seconds = 1.0  # moving average of run time, for Retry-After
         self._threads = self._make_threads()
 
-    def _make_threads(self) -> list[threading.Thread]:
-        return [threading.Thread(target=self._work, name=f"draftsman-worker-{i}", daemon=True)
-                for i in range(self.parallel)]
+    def _make_threads(self) -> list[threading.Thread | Hosted]:
+        threads: list[threading.Thread | Hosted] = [
+            threading.Thread(target=self._work, name=f"draftsman-worker-{i}", daemon=True)
+            for i in range(self.parallel)]
+        if self.engine_thread is not None:
+            threads[0] = self.engine_thread.hosted(self._work)
+        return threads
 
     # ---- life cycle --------------------------------------------------------------------
     def start(self) -> None:

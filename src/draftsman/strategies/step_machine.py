@@ -138,24 +138,26 @@ class SpeculativeSteps:
         return self.take(proposal)
 
     def draft_length(self) -> int:
-        """How many guesses to ask the drafter for this step (0: none). The first call
-        starts the proposer on the prompt. `propose` = this, the drafter, then `take`;
-        a batch drafts several requests' guesses together between the two."""
+        """How many guesses to ask the drafter for this step (0: none). The first call that
+        asks for some starts the proposer on the prompt. `propose` = this, the drafter, then
+        `take`; a batch drafts several requests' guesses together between the two."""
         self.proposal, self._key, self._gamma, self._wanted = NO_GUESS, None, 0, 0
         if self.prefilling or self.done or self.proposer is None:
             return 0
         policy = self.policy
-        if not self._started:
-            with self.timer("draft"):
-                self.proposer.use_history(self.config.history)
-                self.proposer.start(self.prompt, self.capacity)
-            self._started = True
         planned = policy.plans_guesses and not self.proposer.uses_model
         wanted = policy.max_gamma if planned else policy.next_gamma()
         if self.gamma_cap is not None and not planned:
             wanted = min(wanted, self.gamma_cap)
         self._wanted = wanted
         self._gamma = max(0, min(wanted, self.budget.remaining - 1))
+        if self._gamma and not self._started:
+            # a one-time cost (a draft model reads the prompt), kept out of the policy's
+            # cost per guess; none at all for a drafter the policy never asks
+            with self.timer("draft_setup"):
+                self.proposer.use_history(self.config.history)
+                self.proposer.start(self.prompt, self.capacity)
+            self._started = True
         return self._gamma
 
     def take(self, proposal: Proposal) -> Proposal:
@@ -233,7 +235,7 @@ class SpeculativeSteps:
         self.committed += new
         with timer("other"):
             self.state.sync(self.committed)
-            if self.proposer is not None:
+            if self._started:  # a drafter never asked has nothing to follow
                 self.proposer.commit(self.committed)
         seconds = timer.take()
         drafted = len(proposal.tokens)
@@ -249,7 +251,8 @@ class SpeculativeSteps:
         step = Step(new, [self.sources[0]] * kept + [self.sources[1]] * (len(new) - kept),
                     drafted=drafted, accepted=verdict.accepted, rejected=verdict.rejected,
                     target_forwards=self._forwards, draft_forwards=proposal.forwards,
-                    draft_seconds=seconds.get("draft", 0.0), verify_seconds=seconds["verify"],
+                    draft_seconds=seconds.get("draft", 0.0) + seconds.get("draft_setup", 0.0),
+                    verify_seconds=seconds["verify"],
                     other_seconds=seconds.get("other", 0.0), finish=self.budget.finish,
                     extra=extra)
         self._forwards = 0
