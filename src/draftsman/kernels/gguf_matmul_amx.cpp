@@ -5,25 +5,10 @@
 // forwards. A tile multiply takes 16 activation rows x 16 weight rows x 64 weights (Q4_K)
 // or one 16-weight sub-block (Q6_K) in one instruction. Past the tiles, 16 rows are
 // compute-bound on the vector work around them (unpacking, scales), not on the tiles: that
-// work is what the layouts below are arranged to cut.
+// work is what the record layouts (amx_records.h) are arranged to cut.
 //
-// Weights are repacked once at load (`kquant_pack_amx`) into groups of 16 weight rows, each
-// 256-wide block of a group in one record. B operands are in AMX's VNNI layout: K/4 rows of
-// 16 columns x 4 consecutive weights. Q4_K, 2368 bytes (2.8% more than the 16 blocks):
-//   [0, 32)      d, f16 x 16 columns
-//   [32, 64)     dmin, f16 x 16
-//   [64, 192)    sub-block scales, u8 [8 sub-blocks][16 columns]
-//   [192, 320)   sub-block mins, u8 [4 pairs t][16 columns][m_2t, m_2t+1]
-//   [320, 2368)  nibbles, u8 [4 pairs p][8 k-rows r][16 columns][4]: byte (p, r, c, i) is
-//                the GGUF's byte 32p + 4r + i of column c's block: its low nibble is element
-//                4r + i of sub-block 2p, its high nibble the same element of sub-block 2p + 1.
-// Q6_K, 3360 bytes (exactly the 16 blocks):
-//   [0, 32)      d, f16 x 16
-//   [32, 288)    sub-block scales, s8 [16 sub-blocks][16 columns]
-//   [288, 2336)  low 4 bits, u8 [8 pairs p][4 k-rows][16 columns][4]: sub-block 2p low
-//                nibble, 2p + 1 high
-//   [2336, 3360) high 2 bits, u8 [4 quads u][4 k-rows][16 columns][4]: bits 2s, 2s + 1 of
-//                sub-block 4u + s
+// Weights are repacked once at load (`kquant_pack_amx`, gguf_pack_amx.cpp) into records
+// (amx_records.h).
 //
 // Per block, activation row m and column n, C_j = sum over sub-block j of x_q[m, k] q[n, k]
 // (exact in int32):
@@ -37,7 +22,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -45,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "amx_records.h"
 #include "kquant_blocks.h"
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__) && \
@@ -60,75 +45,12 @@
 namespace {
 
 using namespace draftsman_kquant;
+using namespace draftsman_amx;
 
-constexpr int COLS = 16;       // weight rows per group: a tile's 16 int32 columns
 constexpr int TILE_ROWS = 16;  // activation rows per tile
 // Fewer rows than this take vpdpbusd instead of tiles (same exact sums; measured faster at
 // 1-2 rows, where unpacked weights meet too few rows to pay a tile's load and store)
 constexpr int MIN_TILE_ROWS = 3;
-constexpr int OFF_D = 0, OFF_DMIN = 32, OFF_SC = 64, OFF_MIN = 192, OFF_Q = 320;
-constexpr int RECORD = 2368;  // Q4_K bytes per (group, block)
-constexpr int Q6_OFF_D = 0, Q6_OFF_SC = 32, Q6_OFF_QL = 288, Q6_OFF_QH = 2336;
-constexpr int Q6_RECORD = 3360;
-
-int record_bytes(int64_t qtype) { return qtype == TYPE_Q4_K ? RECORD : Q6_RECORD; }
-
-void pack_q4k(const uint8_t* blk, int c, uint8_t* rec) {
-  std::memcpy(rec + OFF_D + 2 * c, blk, 2);
-  std::memcpy(rec + OFF_DMIN + 2 * c, blk + 2, 2);
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    q4k_scale_min(blk + 4, j, &sc, &m);
-    rec[OFF_SC + COLS * j + c] = static_cast<uint8_t>(sc);
-    rec[OFF_MIN + 2 * COLS * (j / 2) + 2 * c + j % 2] = static_cast<uint8_t>(m);
-  }
-  for (int p = 0; p < 4; ++p) {
-    for (int l = 0; l < 32; ++l) rec[OFF_Q + 512 * p + 64 * (l / 4) + 4 * c + l % 4] = blk[16 + 32 * p + l];
-  }
-}
-
-void pack_q6k(const uint8_t* blk, int c, uint8_t* rec) {
-  std::memcpy(rec + Q6_OFF_D + 2 * c, blk + 208, 2);
-  for (int j = 0; j < 16; ++j) {
-    rec[Q6_OFF_SC + COLS * j + c] = blk[192 + j];
-    for (int t = 0; t < 16; ++t) {
-      const int q = q6k_value(blk, 16 * j + t), r = t / 4, i = t % 4;
-      rec[Q6_OFF_QL + 256 * (j / 2) + 64 * r + 4 * c + i] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
-      rec[Q6_OFF_QH + 256 * (j / 4) + 64 * r + 4 * c + i] |= static_cast<uint8_t>((q >> 4) << (2 * (j % 4)));
-    }
-  }
-}
-
-at::Tensor kquant_pack_amx(const at::Tensor& w, int64_t qtype) {
-  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_pack_amx: qtype must be Q4_K or Q6_K");
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
-              "kquant_pack_amx: w must be a contiguous uint8 [N, bytes] tensor of K-quant rows");
-  const int64_t block = qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES;
-  TORCH_CHECK(w.size(1) % block == 0, "kquant_pack_amx: rows of ", w.size(1),
-              " bytes are not whole blocks");
-  const int64_t n = w.size(0), nb = w.size(1) / block, groups = (n + COLS - 1) / COLS;
-  const int rec_bytes = record_bytes(qtype);
-  // padded columns stay zero: d = dmin = 0, so they compute 0 and are never written out
-  at::Tensor out = at::zeros({groups, nb * rec_bytes}, w.options());
-  const uint8_t* src = w.data_ptr<uint8_t>();
-  uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* rec = dst + (g * nb + b) * rec_bytes;
-        for (int c = 0; c < COLS && g * COLS + c < n; ++c) {
-          const uint8_t* blk = src + (g * COLS + c) * w.size(1) + b * block;
-          if (qtype == TYPE_Q4_K) {
-            pack_q4k(blk, c, rec);
-          } else {
-            pack_q6k(blk, c, rec);
-          }
-        }
-      }
-    }
-  });
-  return out;
-}
 
 #if DRAFTSMAN_AMX
 // Linux hands out AMX state on request, once per process (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -239,12 +161,15 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
     msum = _mm512_dpwssd_epi32(msum, mins[t], _mm512_set1_epi32(pair));
   }
   const __m512 dx = _mm512_set1_ps(xb.d);
-  const __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum), _mm512_load_ps(acc));
-  _mm512_store_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
+  const __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum), _mm512_loadu_ps(acc));
+  _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
 }
 
-// One group of 16 Q4_K weight rows against `rows` (<= 16) activation rows starting at x;
-// out[m * 16 + c] for m < rows, c < 16.
+// One group of 16 Q4_K weight rows against `rows` activation rows from x (more than 16:
+// padded with zero rows to whole tiles of 16): acc[m * 16 + c] += row m's products for
+// m < rows, c < 16. Each block is unpacked once and every tile of rows passes it (a prompt's
+// many tiles share the unpacking as the rows of one tile do).
+// Row m's block b is x[m * row_step + b * block_step].
 //
 // Tiles (3+ rows): each 6-bit sub-block scale is split as sc = 8 hi + lo (hi, lo < 8), and
 // the weights are multiplied by them as they are unpacked (hi q, lo q <= 105: still bytes),
@@ -253,14 +178,14 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
 // and one add instead of a multiply per sub-block, and two tiles are stored instead of
 // eight; the scale work moves to the unpacking, which every row of the tile shares.
 // Vectors (1-2 rows): C_j per sub-block with vpdpbusd, then sum_j sc_j C_j: the same integer.
-void q4k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bool tiles, float* out) {
+void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+               int rows, bool tiles, float* acc) {
   alignas(64) uint8_t bq[8][8 * 64];               // vectors: the 8 sub-blocks' B operands
   alignas(64) uint8_t bhi[4][16 * 64], blo[4][16 * 64];  // tiles: hi q, lo q per pair
   alignas(64) int32_t cbuf[8][TILE_ROWS * COLS];   // vectors: C_j; tiles: C_hi, C_lo
-  alignas(64) float acc[TILE_ROWS][COLS];
-  std::memset(acc, 0, sizeof(acc));
+  const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
   const __m512i low4 = _mm512_set1_epi8(15), low3 = _mm512_set1_epi32(7);
-  const int64_t xstride = nb * static_cast<int64_t>(sizeof(Q8Block));
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += RECORD) {
     prefetch_record(w, RECORD);
     __m512i sc[8], mins[4];
@@ -272,7 +197,7 @@ void q4k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bo
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_D)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_DMIN)));
-    const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b) + offsetof(Q8Block, q);
+    const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b * block_step) + offsetof(Q8Block, q);
     if (tiles) {
       // a column's 4 bytes share its scale: both 16-bit halves of its lane hold the factor,
       // and a 16-bit multiply of two bytes by it cannot carry (15 x 7 < 256)
@@ -293,27 +218,32 @@ void q4k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bo
           _mm512_store_si512(blo[p] + 64 * (8 + r), _mm512_mullo_epi16(q1, flo[2 * p + 1]));
         }
       }
-      _tile_zero(0);
-      _tile_zero(1);
-      for (int p = 0; p < 4; p += 2) {
-        _tile_loadd(2, xq + 64 * p, xstride);
-        _tile_loadd(4, bhi[p], 64);
-        _tile_loadd(5, blo[p], 64);
-        _tile_loadd(3, xq + 64 * (p + 1), xstride);
-        _tile_loadd(6, bhi[p + 1], 64);
-        _tile_loadd(7, blo[p + 1], 64);
-        _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
-        _tile_dpbsud(1, 2, 5);
-        _tile_dpbsud(0, 3, 6);
-        _tile_dpbsud(1, 3, 7);
-      }
-      _tile_stored(0, cbuf[0], 64);
-      _tile_stored(1, cbuf[1], 64);
-      for (int m = 0; m < rows; ++m) {
-        // |C_hi|, |C_lo| <= 256 * 127 * 105: 8 C_hi + C_lo fits int32
-        const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 3),
-                                              _mm512_load_si512(cbuf[1] + COLS * m));
-        q4k_finish_row(isum, mins, d, dmin, x[m * nb + b], acc[m]);
+      for (int t = 0; t < ntiles; ++t) {
+        const Q8Block* xt = x + t * TILE_ROWS * row_step;
+        const uint8_t* xqt = reinterpret_cast<const uint8_t*>(xt + b * block_step) + offsetof(Q8Block, q);
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int p = 0; p < 4; p += 2) {
+          _tile_loadd(2, xqt + 64 * p, xstride);
+          _tile_loadd(4, bhi[p], 64);
+          _tile_loadd(5, blo[p], 64);
+          _tile_loadd(3, xqt + 64 * (p + 1), xstride);
+          _tile_loadd(6, bhi[p + 1], 64);
+          _tile_loadd(7, blo[p + 1], 64);
+          _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
+          _tile_dpbsud(1, 2, 5);
+          _tile_dpbsud(0, 3, 6);
+          _tile_dpbsud(1, 3, 7);
+        }
+        _tile_stored(0, cbuf[0], 64);
+        _tile_stored(1, cbuf[1], 64);
+        const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
+        for (int m = 0; m < tile_rows; ++m) {
+          // |C_hi|, |C_lo| <= 256 * 127 * 105: 8 C_hi + C_lo fits int32
+          const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 3),
+                                                _mm512_load_si512(cbuf[1] + COLS * m));
+          q4k_finish_row(isum, mins, d, dmin, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
+        }
       }
       continue;
     }
@@ -331,21 +261,20 @@ void q4k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bo
         // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
         isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(cbuf[j] + COLS * m), sc[j]));
       }
-      q4k_finish_row(isum, mins, d, dmin, x[m * nb + b], acc[m]);
+      q4k_finish_row(isum, mins, d, dmin, x[m * row_step + b * block_step], acc + COLS * m);
     }
   }
-  for (int m = 0; m < rows; ++m) _mm512_storeu_ps(out + COLS * m, _mm512_load_ps(acc[m]));
 }
 
-// One group of 16 Q6_K weight rows against `rows` (<= 16) activation rows starting at x.
-void q6k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bool tiles, float* out) {
+// One group of 16 Q6_K weight rows against `rows` activation rows from x, as q4k_group.
+void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+               int rows, bool tiles, float* acc) {
   alignas(64) uint8_t bq[16][4 * 64];              // the 16 sub-blocks' B operands
   alignas(64) int32_t cbuf[16][TILE_ROWS * COLS];
-  alignas(64) float acc[TILE_ROWS][COLS];
-  std::memset(acc, 0, sizeof(acc));
+  const int ntiles = tiles ? (rows + TILE_ROWS - 1) / TILE_ROWS : 1;
   const __m512i low4 = _mm512_set1_epi8(15);
   const __m512i hi2 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
-  const int64_t xstride = nb * static_cast<int64_t>(sizeof(Q8Block));
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     prefetch_record(w, Q6_RECORD);
     for (int p = 0; p < 8; ++p) {
@@ -365,38 +294,67 @@ void q6k_group_tile(const uint8_t* w, const Q8Block* x, int64_t nb, int rows, bo
         _mm512_store_si512(bq[2 * p + 1] + 64 * r, tiles ? _mm512_sub_epi8(qb, k32) : qb);
       }
     }
-    const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b) + offsetof(Q8Block, q);
-    if (tiles) {
-      sub_block_products(xq, xstride, 16, bq[0], 16, cbuf[0]);
-    } else {
-      sub_block_products_vnni(xq, xstride, rows, 16, bq[0], 16, cbuf[0]);
-    }
     __m512 sc[16];  // sub-block scales as floats: sc_j C'_j (< 2^24) is exact in float
     for (int j = 0; j < 16; ++j) {
       sc[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
-    for (int m = 0; m < rows; ++m) {
-      const Q8Block& xb = x[m * nb + b];
-      if (!tiles) {  // C'_j = C_j - 32 bsum_j: the -32 of (q - 32), which tiles take in the weights
-        for (int j = 0; j < 16; ++j) {
-          int32_t* c = cbuf[j] + COLS * m;
-          _mm512_store_si512(c, _mm512_sub_epi32(_mm512_load_si512(c), _mm512_set1_epi32(32 * xb.bsums[j])));
+    for (int t = 0; t < ntiles; ++t) {
+      const Q8Block* xt = x + t * TILE_ROWS * row_step;
+      const uint8_t* xq = reinterpret_cast<const uint8_t*>(xt + b * block_step) + offsetof(Q8Block, q);
+      const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
+      if (tiles) {
+        sub_block_products(xq, xstride, 16, bq[0], 16, cbuf[0]);
+      } else {
+        sub_block_products_vnni(xq, xstride, rows, 16, bq[0], 16, cbuf[0]);
+      }
+      for (int m = 0; m < tile_rows; ++m) {
+        const Q8Block& xb = xt[m * row_step + b * block_step];
+        if (!tiles) {  // C'_j = C_j - 32 bsum_j: the -32 of (q - 32), which tiles take in the weights
+          for (int j = 0; j < 16; ++j) {
+            int32_t* c = cbuf[j] + COLS * m;
+            _mm512_store_si512(c, _mm512_sub_epi32(_mm512_load_si512(c), _mm512_set1_epi32(32 * xb.bsums[j])));
+          }
         }
+        // the same float operations on the same exact C'_j in either path
+        __m512 f = _mm512_setzero_ps();
+        for (int j = 0; j < 16; ++j) {
+          f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[j] + COLS * m)), sc[j], f);
+        }
+        float* a = acc + COLS * (t * TILE_ROWS + m);
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), f, _mm512_loadu_ps(a)));
       }
-      // the same float operations on the same exact C'_j in either path
-      __m512 f = _mm512_setzero_ps();
-      for (int j = 0; j < 16; ++j) {
-        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[j] + COLS * m)), sc[j], f);
-      }
-      _mm512_store_ps(acc[m], _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), f,
-                                              _mm512_load_ps(acc[m])));
     }
   }
-  for (int m = 0; m < rows; ++m) _mm512_storeu_ps(out + COLS * m, _mm512_load_ps(acc[m]));
 }
 #endif
+
+// x [M, K] quantised per row into `out`, row-major (row m's block b at m * nb + b) or
+// block-major (at b * tiled + m); rows M..tiled are zero (d = 0, q = 0, sums 0).
+void quantize_activations(const at::Tensor& x, int64_t tiled, bool by_block, std::vector<Q8Block>& out) {
+  const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
+  if (static_cast<int64_t>(out.size()) < tiled * nb) out.resize(static_cast<size_t>(tiled * nb));
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, tiled, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(k));
+    std::vector<Q8Block> blocks(static_cast<size_t>(nb));
+    for (int64_t r = begin; r < end; ++r) {
+      if (r < m) {
+        if (bf16) {
+          const c10::BFloat16* xr = x.data_ptr<c10::BFloat16>() + r * k;
+          for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xr[i]);
+        } else {
+          std::memcpy(row.data(), x.data_ptr<float>() + r * k, sizeof(float) * k);
+        }
+        quantize_row(row.data(), k, blocks.data());
+      } else {
+        std::fill(blocks.begin(), blocks.end(), Q8Block{});
+      }
+      for (int64_t b = 0; b < nb; ++b) out[by_block ? b * tiled + r : r * nb + b] = blocks[b];
+    }
+  });
+}
 
 bool amx_available() {
 #if DRAFTSMAN_AMX
@@ -423,47 +381,56 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
               " bytes, not ", n, " rows of width ", k);
   at::Tensor y = at::empty({m, n}, x.options());
 #if DRAFTSMAN_AMX
-  const std::vector<Q8Block> xq = quantize_rows(x);
+  // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
+  const bool tiles = m >= MIN_TILE_ROWS;
+  const int64_t tiled = m > TILE_ROWS ? (m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : m;
+  const int tile_rows = static_cast<int>(std::min<int64_t>(m, TILE_ROWS));
+  // Many tiles: blocks laid out block-major (row m's block b at b * tiled + m), so that the
+  // rows every tile reads for one block are one contiguous run the prefetcher follows;
+  // row-major, a prompt's rows of a wide matrix (35 blocks of 292 bytes each) were hundreds
+  // of strided streams, slower than unpacking each block once per tile.
+  const bool by_block = tiled > TILE_ROWS;
+  thread_local std::vector<Q8Block> xs;  // grows only: no allocation or page faults per call
+  quantize_activations(x, tiled, by_block, xs);
+  const Q8Block* xdata = xs.data();  // a lambda's `xs` would be its own thread's
+  const int64_t row_step = by_block ? 1 : nb, block_step = by_block ? tiled : 1;
   float* yf = bf16 ? nullptr : y.data_ptr<float>();
   c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() : nullptr;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  // Each group of 16 output columns is one thread's work; its weights (nb records) stay in
-  // L2 while every tile of activation rows passes them (prefill: many tiles).
+  // Each group of 16 output columns is one thread's work: every tile of activation rows
+  // passes each of its blocks as it is unpacked.
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    int configured = 0;
-    alignas(64) float out[TILE_ROWS * COLS];
+    if (tiles) {
+      if (qtype == TYPE_Q4_K) {
+        configure_q4k(tile_rows);
+      } else {
+        configure_q6k(tile_rows);
+      }
+    }
+    thread_local std::vector<float> buf;  // grows only, as xs; rows 64-byte aligned
+    if (static_cast<int64_t>(buf.size()) < (tiled + 1) * COLS) buf.resize(static_cast<size_t>((tiled + 1) * COLS));
+    float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
     for (int64_t g = begin; g < end; ++g) {
       const int cols = static_cast<int>(std::min<int64_t>(COLS, n - g * COLS));
-      for (int64_t r0 = 0; r0 < m; r0 += TILE_ROWS) {
-        const int rows = static_cast<int>(std::min<int64_t>(TILE_ROWS, m - r0));
-        const bool tiles = rows >= MIN_TILE_ROWS;
-        if (tiles && rows != configured) {
-          if (qtype == TYPE_Q4_K) {
-            configure_q4k(rows);
+      const uint8_t* wg = wp + g * nb * rec_bytes;
+      std::fill(acc, acc + tiled * COLS, 0.f);
+      if (qtype == TYPE_Q4_K) {
+        q4k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
+      } else {
+        q6k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
+      }
+      for (int64_t r = 0; r < m; ++r) {
+        for (int c = 0; c < cols; ++c) {
+          const float v = acc[COLS * r + c];
+          if (bf16) {
+            yb[r * n + g * COLS + c] = c10::BFloat16(v);
           } else {
-            configure_q6k(rows);
-          }
-          configured = rows;
-        }
-        const uint8_t* wg = wp + g * nb * rec_bytes;
-        if (qtype == TYPE_Q4_K) {
-          q4k_group_tile(wg, xq.data() + r0 * nb, nb, rows, tiles, out);
-        } else {
-          q6k_group_tile(wg, xq.data() + r0 * nb, nb, rows, tiles, out);
-        }
-        for (int r = 0; r < rows; ++r) {
-          for (int c = 0; c < cols; ++c) {
-            const float v = out[COLS * r + c];
-            if (bf16) {
-              yb[(r0 + r) * n + g * COLS + c] = c10::BFloat16(v);
-            } else {
-              yf[(r0 + r) * n + g * COLS + c] = v;
-            }
+            yf[r * n + g * COLS + c] = v;
           }
         }
       }
     }
-    if (configured) _tile_release();
+    if (tiles) _tile_release();
   });
 #endif
   return y;
@@ -472,12 +439,10 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
-  m.def("kquant_pack_amx(Tensor w, int qtype) -> Tensor");
   m.def("kquant_amx_mm(Tensor x, Tensor packed, int qtype, int n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
-  m.impl("kquant_pack_amx", &kquant_pack_amx);
   m.impl("kquant_amx_mm", &kquant_amx_mm);
 }
 

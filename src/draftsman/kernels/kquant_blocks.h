@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -146,10 +147,11 @@ inline int q6k_value(const uint8_t* w, int e) {
 
 // Every row of x [M, K] (float32 or bfloat16) as K / 256 Q8Blocks, rows one after another.
 // Each row is quantised on its own: the blocks of a row never depend on the other rows.
-inline std::vector<Q8Block> quantize_rows(const at::Tensor& x) {
+// x [M, K] quantised per row; `padded_rows` > M adds zero rows (d = 0, q = 0, sums 0)
+inline std::vector<Q8Block> quantize_rows(const at::Tensor& x, int64_t padded_rows = 0) {
   const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  std::vector<Q8Block> xq(static_cast<size_t>(m * nb));
+  std::vector<Q8Block> xq(static_cast<size_t>(std::max(m, padded_rows) * nb));
   at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(k));
     for (int64_t r = begin; r < end; ++r) {

@@ -1,0 +1,40 @@
+// The record layout of K-quant weights repacked for AMX tiles (gguf_pack_amx.cpp writes it,
+// gguf_matmul_amx.cpp reads it).
+//
+// Weights are repacked once at load (`kquant_pack_amx`) into groups of 16 weight rows, each
+// 256-wide block of a group in one record. B operands are in AMX's VNNI layout: K/4 rows of
+// 16 columns x 4 consecutive weights. Q4_K, 2368 bytes (2.8% more than the 16 blocks):
+//   [0, 32)      d, f16 x 16 columns
+//   [32, 64)     dmin, f16 x 16
+//   [64, 192)    sub-block scales, u8 [8 sub-blocks][16 columns]
+//   [192, 320)   sub-block mins, u8 [4 pairs t][16 columns][m_2t, m_2t+1]
+//   [320, 2368)  nibbles, u8 [4 pairs p][8 k-rows r][16 columns][4]: byte (p, r, c, i) is
+//                the GGUF's byte 32p + 4r + i of column c's block: its low nibble is element
+//                4r + i of sub-block 2p, its high nibble the same element of sub-block 2p + 1.
+// Q6_K, 3360 bytes (exactly the 16 blocks):
+//   [0, 32)      d, f16 x 16
+//   [32, 288)    sub-block scales, s8 [16 sub-blocks][16 columns]
+//   [288, 2336)  low 4 bits, u8 [8 pairs p][4 k-rows][16 columns][4]: sub-block 2p low
+//                nibble, 2p + 1 high
+//   [2336, 3360) high 2 bits, u8 [4 quads u][4 k-rows][16 columns][4]: bits 2s, 2s + 1 of
+//                sub-block 4u + s
+
+#pragma once
+
+#include <cstdint>
+
+#include "kquant_blocks.h"
+
+namespace draftsman_amx {
+
+using draftsman_kquant::TYPE_Q4_K;
+
+constexpr int COLS = 16;       // weight rows per group: a tile's 16 int32 columns
+constexpr int OFF_D = 0, OFF_DMIN = 32, OFF_SC = 64, OFF_MIN = 192, OFF_Q = 320;
+constexpr int RECORD = 2368;  // Q4_K bytes per (group, block)
+constexpr int Q6_OFF_D = 0, Q6_OFF_SC = 32, Q6_OFF_QL = 288, Q6_OFF_QH = 2336;
+constexpr int Q6_RECORD = 3360;
+
+inline int record_bytes(int64_t qtype) { return qtype == TYPE_Q4_K ? RECORD : Q6_RECORD; }
+
+}  // namespace draftsman_amx

@@ -1,0 +1,84 @@
+// Repacks K-quant weight rows into AMX records (amx_records.h), once at load.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "amx_records.h"
+#include "kquant_blocks.h"
+
+namespace {
+
+using namespace draftsman_kquant;
+using namespace draftsman_amx;
+
+void pack_q4k(const uint8_t* blk, int c, uint8_t* rec) {
+  std::memcpy(rec + OFF_D + 2 * c, blk, 2);
+  std::memcpy(rec + OFF_DMIN + 2 * c, blk + 2, 2);
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    q4k_scale_min(blk + 4, j, &sc, &m);
+    rec[OFF_SC + COLS * j + c] = static_cast<uint8_t>(sc);
+    rec[OFF_MIN + 2 * COLS * (j / 2) + 2 * c + j % 2] = static_cast<uint8_t>(m);
+  }
+  for (int p = 0; p < 4; ++p) {
+    for (int l = 0; l < 32; ++l) rec[OFF_Q + 512 * p + 64 * (l / 4) + 4 * c + l % 4] = blk[16 + 32 * p + l];
+  }
+}
+
+void pack_q6k(const uint8_t* blk, int c, uint8_t* rec) {
+  std::memcpy(rec + Q6_OFF_D + 2 * c, blk + 208, 2);
+  for (int j = 0; j < 16; ++j) {
+    rec[Q6_OFF_SC + COLS * j + c] = blk[192 + j];
+    for (int t = 0; t < 16; ++t) {
+      const int q = q6k_value(blk, 16 * j + t), r = t / 4, i = t % 4;
+      rec[Q6_OFF_QL + 256 * (j / 2) + 64 * r + 4 * c + i] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
+      rec[Q6_OFF_QH + 256 * (j / 4) + 64 * r + 4 * c + i] |= static_cast<uint8_t>((q >> 4) << (2 * (j % 4)));
+    }
+  }
+}
+
+at::Tensor kquant_pack_amx(const at::Tensor& w, int64_t qtype) {
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_pack_amx: qtype must be Q4_K or Q6_K");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "kquant_pack_amx: w must be a contiguous uint8 [N, bytes] tensor of K-quant rows");
+  const int64_t block = qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES;
+  TORCH_CHECK(w.size(1) % block == 0, "kquant_pack_amx: rows of ", w.size(1),
+              " bytes are not whole blocks");
+  const int64_t n = w.size(0), nb = w.size(1) / block, groups = (n + COLS - 1) / COLS;
+  const int rec_bytes = record_bytes(qtype);
+  // padded columns stay zero: d = dmin = 0, so they compute 0 and are never written out
+  at::Tensor out = at::zeros({groups, nb * rec_bytes}, w.options());
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* rec = dst + (g * nb + b) * rec_bytes;
+        for (int c = 0; c < COLS && g * COLS + c < n; ++c) {
+          const uint8_t* blk = src + (g * COLS + c) * w.size(1) + b * block;
+          if (qtype == TYPE_Q4_K) {
+            pack_q4k(blk, c, rec);
+          } else {
+            pack_q6k(blk, c, rec);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(draftsman, m) {
+  m.def("kquant_pack_amx(Tensor w, int qtype) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
+  m.impl("kquant_pack_amx", &kquant_pack_amx);
+}
