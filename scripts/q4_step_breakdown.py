@@ -9,6 +9,7 @@ the difference is the kernel's share. Issue 22 uses it to explain the gap to lla
 
     scripts/q4_step_breakdown.py                  # T = 1, 4, 16 after 256 tokens
     scripts/q4_step_breakdown.py --rows 1 --repeats 30
+    scripts/q4_step_breakdown.py --rows 1,16 --all-logits   # as a verify forward runs
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from draftsman.models.quant_linear import KQuantAmxMatrix, KQuantMatrix
 from draftsman.store.resolve import resolve_gguf, resolve_model
 
 
-def time_step(model, cache, context: int, rows: int, repeats: int) -> tuple[float, float]:
+def time_step(model, cache, context: int, rows: int, repeats: int,
+              logits_at: slice) -> tuple[float, float]:
     """(best, median) ms of one forward of `rows` new tokens after `context` cached ones."""
     ids = torch.zeros(1, rows, dtype=torch.long)
     pos = torch.arange(context, context + rows)[None]
     times = []
     for i in range(repeats + 3):  # 3 warm-up forwards
         start = time.perf_counter()
-        model(ids, pos, cache, logits_at=slice(-1, None), start=context)
+        model(ids, pos, cache, logits_at=logits_at, start=context)
         if i >= 3:
             times.append((time.perf_counter() - start) * 1e3)
     return min(times), statistics.median(times)
@@ -45,6 +47,8 @@ def main() -> None:
     p.add_argument("--context", type=int, default=256, help="cached tokens before the step")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--all-logits", action="store_true",
+                   help="logits on every row, as a verify forward needs (default: the last row)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     model = load_model(resolve_model(a.model, pull=False), "q4",
@@ -57,12 +61,13 @@ def main() -> None:
     model(torch.randint(0, 1000, (1, a.context)), torch.arange(a.context)[None], cache,
           logits_at=slice(-1, None))
     rows = [int(r) for r in a.rows.split(",")]
-    real = {t: time_step(model, cache, a.context, t, a.repeats) for t in rows}
+    logits_at = slice(None) if a.all_logits else slice(-1, None)
+    real = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
     kernel_forwards = [kind.forward for kind in kinds]
     for kind in kinds:
         kind.forward = lambda self, x: x.new_zeros(x.shape[0], self.out_features)
     try:
-        glue = {t: time_step(model, cache, a.context, t, a.repeats) for t in rows}
+        glue = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
     finally:
         for kind, forward in zip(kinds, kernel_forwards, strict=True):
             kind.forward = forward
