@@ -226,10 +226,12 @@ void scores_wide(const float* q, int64_t n, const float* k, int64_t s_pad, int64
   }
 }
 
-// out[r] = sum_j p[r][j] v_j for R rows, v [s x d] floats (d a multiple of 64), 64 columns
-// at a time: 4R accumulators, each value vector loaded once for all R rows
+// out[r] = sum_j p[r][j] v_j for R rows (p rows p_stride apart, out rows d apart), v [s x d]
+// floats (d a multiple of 64), 64 columns at a time: 4R accumulators, each value vector
+// loaded once for all R rows
 template <int R>
-void weigh_values_wide(const float* const* p, const float* v, int64_t s, int64_t d, float* const* out) {
+void weigh_values_wide(const float* p, int64_t p_stride, const float* v, int64_t s, int64_t d,
+                       float* out) {
   for (int64_t c = 0; c < d; c += 64) {
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
@@ -238,7 +240,7 @@ void weigh_values_wide(const float* const* p, const float* v, int64_t s, int64_t
       const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
       const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
       for (int r = 0; r < R; ++r) {
-        const __m512 pj = _mm512_set1_ps(p[r][j]);
+        const __m512 pj = _mm512_set1_ps(p[r * p_stride + j]);
         acc[r][0] = _mm512_fmadd_ps(pj, v0, acc[r][0]);
         acc[r][1] = _mm512_fmadd_ps(pj, v1, acc[r][1]);
         acc[r][2] = _mm512_fmadd_ps(pj, v2, acc[r][2]);
@@ -246,7 +248,7 @@ void weigh_values_wide(const float* const* p, const float* v, int64_t s, int64_t
       }
     }
     for (int r = 0; r < R; ++r) {
-      for (int w = 0; w < 4; ++w) _mm512_storeu_ps(out[r] + c + 16 * w, acc[r][w]);
+      for (int w = 0; w < 4; ++w) _mm512_storeu_ps(out + r * d + c + 16 * w, acc[r][w]);
     }
   }
 }
@@ -291,8 +293,6 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
         for (int64_t e = 0; e < d; ++e) qf[i * d + e] = to_float(qr[e]) * scale;
       }
       scores_wide(qf, n, kf, s_pad, d, sc);
-      std::vector<const float*> rows_p(static_cast<size_t>(n));
-      std::vector<float*> outs(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
         float* row = sc + i * s_pad;
         if (bp) {
@@ -302,16 +302,14 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < s; ++j) top = std::fmax(top, row[j]);
         exp_shift(row, s, top);
-        rows_p[i] = row;
-        outs[i] = acc + i * d;
       }
       int64_t i = 0;
-      for (; i + 6 <= n; i += 6) weigh_values_wide<6>(&rows_p[i], vf, s, d, &outs[i]);
-      for (; i + 2 <= n; i += 2) weigh_values_wide<2>(&rows_p[i], vf, s, d, &outs[i]);
-      for (; i < n; ++i) weigh_values_wide<1>(&rows_p[i], vf, s, d, &outs[i]);
+      for (; i + 6 <= n; i += 6) weigh_values_wide<6>(sc + i * s_pad, s_pad, vf, s, d, acc + i * d);
+      for (; i + 2 <= n; i += 2) weigh_values_wide<2>(sc + i * s_pad, s_pad, vf, s, d, acc + i * d);
+      for (; i < n; ++i) weigh_values_wide<1>(sc + i * s_pad, s_pad, vf, s, d, acc + i * d);
       for (int64_t r = 0; r < n; ++r) {
         float total = 0.f;
-        for (int64_t j = 0; j < s; ++j) total += rows_p[r][j];
+        for (int64_t j = 0; j < s; ++j) total += sc[r * s_pad + j];
         const float inv = 1.f / total;
         const int64_t ti = r0 + r / group, h = g * group + r % group;
         T* orow = op + (bi * t + ti) * hq * d + h * d;

@@ -330,32 +330,6 @@ void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
 }
 #endif
 
-// x [M, K] quantised per row into `out`, row-major (row m's block b at m * nb + b) or
-// block-major (at b * tiled + m); rows M..tiled are zero (d = 0, q = 0, sums 0).
-void quantize_activations(const at::Tensor& x, int64_t tiled, bool by_block, std::vector<Q8Block>& out) {
-  const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
-  if (static_cast<int64_t>(out.size()) < tiled * nb) out.resize(static_cast<size_t>(tiled * nb));
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  at::parallel_for(0, tiled, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(k));
-    std::vector<Q8Block> blocks(static_cast<size_t>(nb));
-    for (int64_t r = begin; r < end; ++r) {
-      if (r < m) {
-        if (bf16) {
-          const c10::BFloat16* xr = x.data_ptr<c10::BFloat16>() + r * k;
-          for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xr[i]);
-        } else {
-          std::memcpy(row.data(), x.data_ptr<float>() + r * k, sizeof(float) * k);
-        }
-        quantize_row(row.data(), k, blocks.data());
-      } else {
-        std::fill(blocks.begin(), blocks.end(), Q8Block{});
-      }
-      for (int64_t b = 0; b < nb; ++b) out[by_block ? b * tiled + r : r * nb + b] = blocks[b];
-    }
-  });
-}
-
 bool amx_available() {
 #if DRAFTSMAN_AMX
   return amx_permitted();
@@ -391,7 +365,7 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // of strided streams, slower than unpacking each block once per tile.
   const bool by_block = tiled > TILE_ROWS;
   thread_local std::vector<Q8Block> xs;  // grows only: no allocation or page faults per call
-  quantize_activations(x, tiled, by_block, xs);
+  quantize_rows_into(x, tiled, by_block, xs);
   const Q8Block* xdata = xs.data();  // a lambda's `xs` would be its own thread's
   const int64_t row_step = by_block ? 1 : nb, block_step = by_block ? tiled : 1;
   float* yf = bf16 ? nullptr : y.data_ptr<float>();

@@ -145,26 +145,43 @@ inline int q6k_value(const uint8_t* w, int e) {
   return lo4 | (hi2 << 4);
 }
 
-// Every row of x [M, K] (float32 or bfloat16) as K / 256 Q8Blocks, rows one after another.
-// Each row is quantised on its own: the blocks of a row never depend on the other rows.
-// x [M, K] quantised per row; `padded_rows` > M adds zero rows (d = 0, q = 0, sums 0)
-inline std::vector<Q8Block> quantize_rows(const at::Tensor& x, int64_t padded_rows = 0) {
+// x [M, K] (float32 or bfloat16) as K / 256 Q8Blocks per row into `out`, row-major (row r's
+// block b at r * nb + b) or block-major (at b * rows + r); rows M..rows-1 are zero blocks
+// (d = 0, q = 0, sums 0). Each row is quantised on its own: its blocks never depend on the
+// other rows. `out` only grows, so a caller may keep it across calls.
+inline void quantize_rows_into(const at::Tensor& x, int64_t rows, bool block_major,
+                               std::vector<Q8Block>& out) {
   const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
+  if (static_cast<int64_t>(out.size()) < rows * nb) out.resize(static_cast<size_t>(rows * nb));
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  std::vector<Q8Block> xq(static_cast<size_t>(std::max(m, padded_rows) * nb));
-  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(k));
+    std::vector<Q8Block> scattered(block_major ? static_cast<size_t>(nb) : 0);
     for (int64_t r = begin; r < end; ++r) {
-      if (bf16) {
-        const c10::BFloat16* xr = x.data_ptr<c10::BFloat16>() + r * k;
-        for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xr[i]);
+      Q8Block* blocks = block_major ? scattered.data() : out.data() + r * nb;
+      if (r < m) {
+        if (bf16) {
+          const c10::BFloat16* xr = x.data_ptr<c10::BFloat16>() + r * k;
+          for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xr[i]);
+        } else {
+          std::memcpy(row.data(), x.data_ptr<float>() + r * k, sizeof(float) * k);
+        }
+        quantize_row(row.data(), k, blocks);
       } else {
-        std::memcpy(row.data(), x.data_ptr<float>() + r * k, sizeof(float) * k);
+        std::fill(blocks, blocks + nb, Q8Block{});
       }
-      quantize_row(row.data(), k, xq.data() + r * nb);
+      if (block_major) {
+        for (int64_t b = 0; b < nb; ++b) out[b * rows + r] = blocks[b];
+      }
     }
   });
-  return xq;
+}
+
+// Every row of x, row-major.
+inline std::vector<Q8Block> quantize_rows(const at::Tensor& x) {
+  std::vector<Q8Block> out;
+  quantize_rows_into(x, x.size(0), false, out);
+  return out;
 }
 
 }  // namespace draftsman_kquant
