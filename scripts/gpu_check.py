@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import json
 import os
 import shutil
@@ -63,6 +64,7 @@ class Check:
                         DRAFTSMAN_HOME=str(self.work / "home"))
         self.device = "cpu" if self.dry else "cuda"
         self.status: dict[str, str] = {}
+        self.limits = parse_limits(args.limits)
 
     # ---- plumbing ---------------------------------------------------------------------
     def log(self, text: str) -> None:
@@ -132,15 +134,20 @@ class Check:
         # lacks (fastapi, llama.cpp), and a collection error would stop the whole run
         files = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "tests").glob("test_*.py")
                        if "devices()" in f.read_text() or "mark.gpu" in f.read_text())
+        # one hung test must not take the whole stage: pytest-timeout where the machine has it
+        per_test = ["--timeout", "90"] if importlib.util.find_spec("pytest_timeout") else []
         return self.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
-                         "no:cacheprovider", "-o", "addopts=", "-rfE", *files], "test-gpu",
-                        budget)
+                         "no:cacheprovider", "-o", "addopts=", "-rfE", *per_test, *files],
+                        "test-gpu", budget)
 
     def like(self, name: str) -> Path:
-        """The carried config + tokenizer of `name` (tokenizer.json travels gzipped)."""
+        """The carried config + tokenizer of `name` (tokenizer.json travels gzipped),
+        copied afresh when WORK holds another config under that name."""
         folder = self.work / "like" / name
+        src = self.carry / "base" / "like" / name
+        if folder.is_dir() and not same_config(folder, src):
+            shutil.rmtree(folder)
         if not folder.is_dir():
-            src = self.carry / "base" / "like" / name
             shutil.copytree(src, folder)
             for gz in folder.glob("*.gz"):
                 gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
@@ -181,7 +188,13 @@ class Check:
             "--resume", name=f"bench-{name}", timeout=budget)
 
     def random_folder(self, name: str, like: Path, seed: int) -> Path:
+        """WORK/models/random-NAME with LIKE's shapes, drawn unless one of the same config is
+        there (a warm machine keeps WORK: a folder left by a run over other configs, the
+        dry run's tiny ones say, must not be timed as this one)."""
         folder = self.work / "models" / f"random-{name}"
+        if folder.is_dir() and not same_config(folder, like):
+            self.log(f"  {folder.name}: config differs from {like.name}'s; drawn again")
+            shutil.rmtree(folder)
         if not folder.is_dir():
             self.draftsman("models", "random", like, folder, "--device", self.device,
                            "--seed", seed, name="models", timeout=300)
@@ -273,7 +286,7 @@ class Check:
             t0 = time.monotonic()
             # the report is quick and always written; the others leave it 30 s
             budget = max(30, end - t0) if stage == "report" else end - t0 - 30
-            budget = min(TIMEOUTS[stage], budget)
+            budget = min(self.limits.get(stage, TIMEOUTS[stage]), budget)
             if budget < 10:
                 self.log(f"{stage}: skipped (the check's --budget is spent)")
                 self.status[stage] = "skipped"
@@ -290,8 +303,38 @@ class Check:
         return 0 if all(v == "ok" for v in self.status.values()) else 1
 
 
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "vocab_size", "model_type")
+
+
+def same_config(a: Path, b: Path) -> bool:
+    """Whether two model folders' config.json agree on every shape that timing depends on."""
+    try:
+        ca, cb = (json.loads((f / "config.json").read_text()) for f in (a, b))
+    except (OSError, ValueError):
+        return False
+    return all(ca.get(k) == cb.get(k) for k in SHAPE_KEYS)
+
+
+def parse_limits(text: str) -> dict[str, float]:
+    """`random=300,test-gpu=120` -> {stage: seconds}; a clear error for anything else."""
+    limits: dict[str, float] = {}
+    for item in filter(None, text.split(",")):
+        stage, _, seconds = item.partition("=")
+        if stage not in STAGES or not seconds.replace(".", "", 1).isdigit():
+            raise SystemExit(f"gpu_check: --limits wants STAGE=SECONDS items with a stage of "
+                             f"{', '.join(STAGES)}; got {item!r}")
+        limits[stage] = float(seconds)
+    return limits
+
+
 def dry_carry(carry: Path) -> None:
-    """A carry folder for --dry-run: tiny configs and tokenizer, a tiny dataset."""
+    """A carry folder for --dry-run: tiny configs and tokenizer, a tiny dataset. Refuses a
+    folder that holds a real carry (its wheels): tiny configs written over the real ones
+    would have the GPU time models of the wrong shapes."""
+    if (carry / "base" / "wheels").is_dir():
+        raise SystemExit(f"gpu_check: {carry} holds a real carry (base/wheels); give the dry "
+                         f"run another --carry (its default is WORK/dry-carry)")
     sys.path.insert(0, str(ROOT / "src"))
     from draftsman.testing.tiny_models import tiny_config_folder, tiny_dataset
 
@@ -302,8 +345,9 @@ def dry_carry(carry: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--carry", type=Path, default=ROOT / ".gpu-carry",
-                   help="what scripts/gpu_carry.py prepared (default: .gpu-carry)")
+    p.add_argument("--carry", type=Path, default=None,
+                   help="what scripts/gpu_carry.py prepared (default: .gpu-carry; with "
+                        "--dry-run: WORK/dry-carry, made on the spot)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-check-out")),
                    help="where the packed results go (default: $OUT, else gpu-check-out)")
     p.add_argument("--work", type=Path, default=Path("/tmp/draftsman-gpu-check"),
@@ -311,12 +355,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default=",".join(STAGES), help=f"of {', '.join(STAGES)}")
     p.add_argument("--budget", type=float, default=1500,
                    help="seconds for all stages; a stage gets what is left (default 1500)")
+    p.add_argument("--limits", default="",
+                   help="per-stage caps in seconds, e.g. random=300,test-gpu=120 (default: "
+                        + ", ".join(f"{k} {v}" for k, v in TIMEOUTS.items()) + ")")
     p.add_argument("--quick", action="store_true",
                    help="random stage: static profiles only; AR, cost-model speculation and "
                         "compiled transformers only (a re-check after a fix)")
     p.add_argument("--dry-run", action="store_true",
                    help="on the CPU with tiny random models (seconds): keeps the check working")
     args = p.parse_args(argv)
+    if args.carry is None:
+        args.carry = args.work / "dry-carry" if args.dry_run else ROOT / ".gpu-carry"
     if args.dry_run and not (args.carry / "base" / "tiny.jsonl").is_file():
         dry_carry(args.carry)
     return Check(args).main()

@@ -113,3 +113,42 @@ def test_compiled_transformers_is_asked_for_by_name() -> None:
 def test_ceilings_measure_on_the_cpu() -> None:
     c = measure(torch.device("cpu"), copy_bytes=1 << 20, matmul_n=64, repeats=2)
     assert c.copy_gbps > 0 and c.bf16_tflops > 0 and c.copy_bytes == 1 << 20
+
+
+def _gpu_check_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_dry_run_never_writes_over_a_real_carry(tmp_path: Path) -> None:
+    """On the H200 (2026-11-26) a dry run had written tiny configs into .gpu-carry, and the
+    GPU timed 3-layer models as the 1.5B: the dry run now keeps to WORK/dry-carry."""
+    gpu_check = _gpu_check_module()
+    real = tmp_path / "carry"
+    (real / "base" / "wheels").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="holds a real carry"):
+        gpu_check.dry_carry(real)
+    assert not (real / "base" / "like").exists()
+    with pytest.raises(SystemExit, match="STAGE=SECONDS"):
+        gpu_check.parse_limits("random=3,bogus=4")
+    assert gpu_check.parse_limits("random=300,test-gpu=90") == {"random": 300, "test-gpu": 90}
+
+
+def test_a_random_folder_of_other_shapes_is_drawn_again(tmp_path: Path) -> None:
+    """A warm machine keeps WORK: a folder left by a run over another config is redrawn."""
+    gpu_check = _gpu_check_module()
+    args = gpu_check.main.__globals__["argparse"].Namespace(
+        dry_run=True, work=tmp_path / "work", out=tmp_path / "out", carry=tmp_path / "carry",
+        limits="", quick=False)
+    check = gpu_check.Check(args)
+    check.env["PYTHONPATH"] = str(ROOT / "src")
+    small = tiny_config_folder(tmp_path / "small", layers=2)
+    large = tiny_config_folder(tmp_path / "large", layers=3)
+    assert gpu_check.same_config(small, small) and not gpu_check.same_config(small, large)
+    folder = check.random_folder("m", small, 0)
+    assert gpu_check.same_config(folder, small)
+    assert gpu_check.same_config(check.random_folder("m", large, 0), large)

@@ -43,3 +43,34 @@ def test_a_profile_that_covers_the_rows_is_kept(measured):
     assert measured == []
     profiling.latency_profile(None, "m", None, rows=64)
     assert measured == [[48, 64]]
+
+
+class _ClockedModel:
+    """A fake model whose forward advances a fake clock by 1 + n/10 ms, plus 5 ms on the
+    calls in `slow` (a slow spell of the machine, counted in forwards)."""
+
+    def __init__(self, clock: list[float], slow: range) -> None:
+        self.config = type("Config", (), {"vocab_size": 50})()
+        self.clock, self.slow, self.calls = clock, slow, []
+
+    def new_cache(self, capacity: int):
+        return type("Cache", (), {"truncate": lambda self, n: None})()
+
+    def __call__(self, tokens, positions, cache, mask=None):
+        n = tokens.shape[1]
+        self.calls.append(n)
+        self.clock[0] += 1e-3 * (1 + n / 10) + (5e-3 if len(self.calls) - 1 in self.slow
+                                                else 0.0)
+
+
+def test_latency_is_timed_in_rounds_after_every_length_is_warm(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(profiling.time, "perf_counter", lambda: clock[0])
+    # calls: 1 prefill, 3 warm-ups, then rounds; a spell over three consecutive forwards
+    model = _ClockedModel(clock, slow=range(5, 8))
+    latency = profiling.measure_latency(model, [1, 4, 16], context=8, repeats=5)
+    assert model.calls[:4] == [8, 1, 4, 16]  # every length warm before any is timed
+    assert model.calls[4:] == [1, 4, 16] * 5  # then one of each per round
+    # one slow forward per length at most: the medians keep the true costs (one after
+    # another, 4 rows would have taken all three slow calls and reported 6.4 ms)
+    assert latency == {n: pytest.approx(1e-3 * (1 + n / 10)) for n in (1, 4, 16)}

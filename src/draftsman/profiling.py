@@ -102,7 +102,13 @@ def draft_cost_ratio(engine: Engine, draft: str) -> float:
 def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: int = 3,
                     warmup: int = 1) -> dict[int, float]:
     """Median seconds of one forward over n new rows (tree-style bool mask, logits on every
-    row) after `context` cached tokens, for each n in `lengths`: L_fp(n) on this machine."""
+    row) after `context` cached tokens, for each n in `lengths`: L_fp(n) on this machine.
+
+    Every length is warmed up before any is timed (a static model captures a CUDA graph per
+    bucket on its first call), then timed in rounds, one forward of each length per round:
+    a slow spell of the machine (a GPU's clocks ramping after a capture, another process)
+    spreads over all lengths instead of inflating one. Timing lengths one after another
+    gave an H200 a 4-row forward of 6.0 ms between 3.6 ms ones (gpu-h200/all-families)."""
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     cache = model.new_cache(context + max(lengths) + 1)
@@ -112,21 +118,26 @@ def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: 
     device = getattr(model, "device", torch.device("cpu"))
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     sync()
-    out: dict[int, float] = {}
-    for n in lengths:
-        tokens = torch.randint(0, vocab, (1, n), generator=gen)
-        pos = torch.arange(context, context + n)[None]
-        mask = torch.ones(n, n, dtype=torch.bool).tril()
-        times = []
-        for i in range(warmup + repeats):
-            cache.truncate(context)
-            t0 = time.perf_counter()
-            model(tokens, pos, cache, mask=mask)
-            sync()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        out[int(n)] = statistics.median(times)
-    return out
+    inputs = {int(n): (torch.randint(0, vocab, (1, n), generator=gen),
+                       torch.arange(context, context + n)[None],
+                       torch.ones(n, n, dtype=torch.bool).tril()) for n in lengths}
+
+    def forward(n: int) -> float:
+        tokens, pos, mask = inputs[n]
+        cache.truncate(context)
+        t0 = time.perf_counter()
+        model(tokens, pos, cache, mask=mask)
+        sync()
+        return time.perf_counter() - t0
+
+    for _ in range(warmup):
+        for n in inputs:
+            forward(n)
+    times: dict[int, list[float]] = {n: [] for n in inputs}
+    for _ in range(repeats):
+        for n in inputs:
+            times[n].append(forward(n))
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def interpolate(latency: dict[int, float], n: int) -> float:

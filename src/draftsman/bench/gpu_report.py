@@ -79,6 +79,18 @@ def curve_section(work: Path, device: str) -> list[str]:
     return (["## Forward cost curve", "", *out] if out else [])
 
 
+def bandwidth_floor_ms(work: Path, ceilings: dict[str, Any] | None) -> float | None:
+    """The 1.5B's floor from its random folder, kept in WORK/floor.json beside the results
+    (the weights stay on the GPU machine: a summary rebuilt from returned files reads it)."""
+    saved = work / "floor.json"
+    folder = work / "models" / "random-1.5b"
+    if ceilings and (folder / "config.json").is_file():
+        ms = floor_seconds(folder, CONTEXT, ceilings["copy_gbps"]) * 1e3
+        saved.write_text(json.dumps({"floor_ms": ms, "context": CONTEXT}) + "\n")
+        return ms
+    return json.loads(saved.read_text())["floor_ms"] if saved.is_file() else None
+
+
 def bench_table(rows: list[dict[str, Any]], title: str, floor_ms: float | None) -> list[str]:
     summaries = summarise(rows)
     by_label = {s.label: s for s in summaries}
@@ -183,10 +195,7 @@ def report(work: Path, acceptance: Path | None = None) -> str:
         lines += [f"Measured ceilings: device copy {ceilings['copy_gbps']:.0f} GB/s (read + "
                   f"write), bf16 matrix product {ceilings['bf16_tflops']:.0f} TFLOP/s.", ""]
     lines += tests_section(work) + curve_section(work, device)
-    floor_ms = None
-    folder = work / "models" / "random-1.5b"
-    if ceilings and (folder / "config.json").is_file():
-        floor_ms = floor_seconds(folder, CONTEXT, ceilings["copy_gbps"]) * 1e3
+    floor_ms = bandwidth_floor_ms(work, ceilings)
     if random_rows:
         lines += ["## Decoding, Qwen2.5-Coder-1.5B shapes (weights: random)", "",
                   *bench_table(random_rows, f"1.5B bf16 + 0.5B draft, {device}, weights: random"
