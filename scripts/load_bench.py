@@ -57,8 +57,12 @@ def main() -> int:
     p.add_argument("--only", default=None,
                    help="run only these servers, comma separated (ours-batched, ours-no-batch, "
                         "ours-llama.cpp, llama-server; default: all)")
+    p.add_argument("--prefill-stall", default="2.0",
+                   help="our batched server's --prefill-stall; several (comma separated) start "
+                        "one batched server each, labelled by the value (default 2.0)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    stalls = [s.strip() for s in args.prefill_stall.split(",") if s.strip()]
     parallel = max(int(c) for c in args.concurrency.split(","))
     serve = [str(VENV / "bin" / "draftsman"), "serve", "--target", args.target, "--backend",
              "torch", "--dtype", "q4", "--threads", str(args.threads), "--parallel",
@@ -68,7 +72,10 @@ def main() -> int:
     on_llama[on_llama.index("torch")] = "llama.cpp"
     del on_llama[on_llama.index("--dtype"):on_llama.index("--dtype") + 2]
     commands = {
-        "ours-batched": (8101, serve + ["--port", "8101"]),
+        "ours-batched": (8101, serve + ["--port", "8101", "--prefill-stall", stalls[0]]),
+        **{f"ours-batched@stall{v}": (8111 + i, serve + ["--port", str(8111 + i),
+                                                         "--prefill-stall", v])
+           for i, v in enumerate(stalls[1:])},
         "ours-no-batch": (8102, serve + ["--port", "8102", "--no-batch"]),
         "ours-llama.cpp": (8104, on_llama + ["--port", "8104"]),
     }
@@ -83,6 +90,8 @@ def main() -> int:
               ".venv llama-server to include it", file=sys.stderr)
     if args.only:
         wanted = {name.strip() for name in args.only.split(",") if name.strip()}
+        wanted |= {name for name in commands if name.startswith("ours-batched@")
+                   and "ours-batched" in wanted}
         unknown = wanted - set(commands) - {"llama-server"}
         if unknown:
             raise SystemExit(f"--only: unknown server(s) {', '.join(sorted(unknown))}")
@@ -103,6 +112,9 @@ def main() -> int:
                                  f"ours-batched+plain=http://127.0.0.1:8101#{off}"],
                 "ours-no-batch": ["ours-no-batch+lookup=http://127.0.0.1:8102"],
                 "ours-llama.cpp": ["ours-llama.cpp-batched+lookup=http://127.0.0.1:8104"]}
+        for name, (port, _) in commands.items():
+            if name.startswith("ours-batched@"):
+                urls[name] = [f"{name}+lookup=http://127.0.0.1:{port}"]
         servers = [url for name in commands for url in urls.get(name, [])]
         if "llama-server" in commands:
             # every round repeats the prompts: llama-server's prompt cache would skip their
