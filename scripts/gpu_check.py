@@ -11,7 +11,8 @@ breaks or hangs costs only itself:
   test-gpu  `pytest -m gpu` (what `make test-gpu` runs)
   random    random-weight folders of the default pair's shapes (1.5B, 0.5B; config and
             tokenizer carried, see gpu_carry.py); their forward cost over 1..64 rows, eager
-            and static; an interleaved bench: our AR eager and --static (CUDA graphs),
+            and static; an interleaved bench: our AR eager, --static (CUDA graphs) and
+            --static --compile (engine=torch-bf16+compiled),
             speculative with the 0.5B (fixed and cost-model γ), transformers eager and
             static cache + torch.compile. Every row says weights: random.
   breakdown one static 1.5B step's kernels by device time (bench/step_breakdown.py)
@@ -210,15 +211,21 @@ class Check:
         self.profile(draft, "0.5b", min(40, (end - time.monotonic()) / 4), rows="1,2,4,8")
         self.pack()
         tokens = "random" if self.dry else ROOT / "src/draftsman/assets/prompt_tokens" / PAIR[0]
+        # the compiled AR row: its step fused by torch.compile (one bucket, one compile)
         methods = ["autoregressive", "autoregressive:engine=torch-bf16",
+                   "autoregressive:engine=torch-bf16+compiled",
                    "speculative:gamma=4", "speculative:gamma=auto",
                    "speculative:draft=prompt-lookup,gamma=auto",
                    "staged:subdraft=ngram,gamma=4",
-                   f"parallel-prompt:prompt_tokens={tokens},tree_size=auto,engine=torch-bf16",
+                   f"parallel-prompt:prompt_tokens={tokens},tree_size=auto",
                    "big-little:fallback=0.5"]
         peers = "hf:plain,compiled"
+        if self.dry:  # inductor takes minutes on a CPU; the suite checks --compile apart
+            methods = [m for m in methods if not m.endswith("+compiled")]
         if self.args.quick:  # our AR and cost-model speculation against compiled transformers
-            methods, peers = [methods[0], methods[3]], "hf:compiled"
+            quick = ("autoregressive", "autoregressive:engine=torch-bf16+compiled",
+                     "speculative:gamma=auto")
+            methods, peers = [m for m in methods if m in quick], "hf:compiled"
         return self.bench("random", target, draft, methods, peers, 1, end - time.monotonic())
 
     def stage_breakdown(self, budget: float) -> bool:

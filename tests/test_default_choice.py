@@ -15,9 +15,10 @@ from draftsman.backends.choose import Need, choose_backend
 from draftsman.backends.llama_cpp import LlamaCppLM
 from draftsman.bench.records import fastest_exact, record_fastest
 from draftsman.bench.runner import BenchConfig, run_bench
-from draftsman.bench.spec import parse_methods
+from draftsman.bench.spec import engine_static, parse_engine, parse_methods
 from draftsman.cli.main import main
 from draftsman.errors import InvalidArgumentError
+from draftsman.models.static_step import StaticConfig
 from draftsman.strategies import default_method as dm
 
 CAPS = LlamaCppLM.capabilities
@@ -277,9 +278,16 @@ def test_engine_option_is_a_label_not_a_method_option():
                                          "speculative:draft=ngram,gamma=2,engine=torch-q8"]
     assert got[1].engine == "torch-q4" and "engine" not in got[1].kwargs()
     assert got[1].without_engine().label == "speculative:draft=ngram,gamma=2"
-    for bad in ("torch", "cuda-q4", "torch-q5"):
+    for bad in ("torch", "cuda-q4", "torch-q5", "torch-bf16+eager", "llama.cpp+static"):
         with pytest.raises(InvalidArgumentError):
             parse_methods(f"autoregressive:engine={bad}")
+
+
+def test_engine_tags_choose_the_kind_of_step():
+    """`+static` / `+compiled` time step kinds side by side (the GPU check's AR rows)."""
+    assert parse_engine("torch-bf16+compiled") == ("torch", "bf16")
+    assert engine_static("torch-bf16") is False and engine_static("torch-bf16+static") is True
+    assert engine_static("torch-bf16+compiled") == StaticConfig(compile=True)
 
 
 def test_each_engine_gets_its_own_record(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ from test_parallel_prompt import SHAPES, run, sharp_model
 from tiny import tiny_pair
 
 from draftsman.models.prompt_tokens import PromptTokens
+from draftsman.models.static_step import StaticModel
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.sampling import Sampler, SamplingConfig
 from draftsman.state import ModelState
@@ -44,6 +45,20 @@ def test_parallel_prompt_exact_on_the_device(device: str, shape: str) -> None:
     out = decoder.step(cache, [5, 17, 3], None)
     assert out.guesses is not None and out.guesses.device.type == device
     assert all(isinstance(t, int) for t in [*out.accepted, out.next_token])
+
+
+@pytest.mark.parametrize("device", devices())
+def test_parallel_prompt_exact_on_static_steps(device: str) -> None:
+    """Prompt-token embeddings fed through `--static` steps (CUDA graphs on a GPU): on the
+    H200 parallel prompt decoding ran the eager path at 83 ms/token, the static path not
+    taking input embeddings."""
+    model = sharp_model()
+    ref = run(Autoregressive(model), n=24)
+    static = StaticModel(model.to(device))
+    assert static.capabilities.input_embeddings
+    prompts = PromptTokens.from_vocabulary(static, 3, 1, seed=1)
+    assert run(ParallelPrompt(TreeDecoder(static, prompts, SHAPES["dynamic-24"](3))),
+               n=24) == ref
 
 
 @pytest.mark.parametrize("device", devices())

@@ -8,6 +8,7 @@ the strategies and the engine. The CUDA-graph cases are marked `gpu` and skip wi
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,13 @@ from test_align import sharp_pair_folders
 from tiny import assert_cache_holds, hf_model, ours_from_hf, tiny_pair
 
 import draftsman
+from draftsman.cli.generate_cmd import static_option
 from draftsman.cli.main import build_parser
 from draftsman.core import GenerationConfig
 from draftsman.errors import InvalidArgumentError, UnsupportedError
 from draftsman.models import static_step
 from draftsman.models.static_step import StaticConfig, StaticModel, step_inputs
+from draftsman.profiling import model_kind
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies.autoregressive import Autoregressive
@@ -168,7 +171,7 @@ def test_static_model_refuses_what_it_does_not_run() -> None:
     model = tiny_pair("llama")[1]
     static = StaticModel(model)
     caps = static.capabilities
-    assert not caps.layer_ranges and not caps.input_embeddings and caps.exact_tree_keep
+    assert not caps.layer_ranges and caps.input_embeddings and caps.exact_tree_keep
     assert static.config is model.config and static.device == model.device
     cache = static.new_cache(16)
     with pytest.raises(UnsupportedError, match="whole-model"):
@@ -176,6 +179,70 @@ def test_static_model_refuses_what_it_does_not_run() -> None:
     with pytest.raises(UnsupportedError, match="batch 1"):
         static.new_cache(16, batch=2)
     assert not static.graphs  # a CPU model: eager static steps
+
+
+def test_input_embeddings_match_dynamic() -> None:
+    """Rows fed as embeddings (parallel prompt decoding's prompt tokens) with a tree mask:
+    the static step's logits equal the dynamic forward's, pad rows included in the bucket."""
+    model = tiny_pair("llama")[1]
+    dyn, static, sta = pair(model)
+    step_both(model, static, dyn, sta, [3, 9, 4, 7, 1])
+    gen = torch.Generator().manual_seed(0)
+    embeds = torch.randn(1, 5, model.config.hidden_size, generator=gen)
+    tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0],
+                         [1, 0, 1, 0, 1]], dtype=torch.bool)
+    pos = torch.tensor([[5, 6, 6, 7, 7]])
+    a = model(None, pos, dyn, mask=tree, inputs_embeds=embeds, logits_at=slice(1, 4)).logits
+    b = static(None, pos, sta, mask=tree, inputs_embeds=embeds, logits_at=slice(1, 4)).logits
+    torch.testing.assert_close(b, a, **TOL)
+    assert sta.length == dyn.length == 10
+    step_both(model, static, dyn, sta, [2, 8])  # the next step sees the fed rows' keys
+    with pytest.raises(ValueError, match="token ids or input embeddings"):
+        static(None, pos, sta)
+
+
+def test_compiled_steps_run_the_compiled_forward(monkeypatch) -> None:
+    """`--static --compile`: the step that runs (and is captured) is torch.compile's; its
+    profiles are kept apart. torch.compile stubbed here (inductor takes minutes on the CPU);
+    the compiled numbers are checked by the CUDA test below."""
+    compiled = []
+
+    def fake_compile(fn, **kwargs):
+        def run(*args):
+            compiled.append(args[3].tokens.shape[1])
+            return fn(*args)
+        return run
+
+    monkeypatch.setattr(static_step.torch, "compile", fake_compile)
+    model = tiny_pair("llama")[1]
+    dyn, static, sta = pair(model, compile=True)
+    assert static.capabilities.backend == "torch --static --compile"
+    assert model_kind(static, "fp32").endswith("-static-compiled")
+    assert model_kind(StaticModel(model), "fp32").endswith("-static")
+    step_both(model, static, dyn, sta, [3, 9, 4])
+    step_both(model, static, dyn, sta, [5])
+    assert compiled == [4, 1]
+
+
+def test_compile_needs_static() -> None:
+    args = build_parser().parse_args(["generate", "hi", "--compile"])
+    with pytest.raises(InvalidArgumentError, match="add --static"):
+        static_option(args)
+    args = build_parser().parse_args(["generate", "hi", "--static", "--compile"])
+    assert static_option(args) == StaticConfig(compile=True)
+    assert static_option(build_parser().parse_args(["generate", "hi", "--static"])) is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_compiled_graphs_match_eager_on_cuda(target) -> None:
+    prompt = [5, 17, 42, 8, 9, 11, 5, 17, 42, 8, 30, 31]
+    model = copy.deepcopy(target).to("cuda")  # the fixture stays on the CPU for the others
+    reference = greedy(Autoregressive(StaticModel(model)), prompt, 24)
+    compiled = StaticModel(model, StaticConfig(compile=True))
+    assert greedy(Autoregressive(compiled), prompt, 24) == reference
+    spec = Speculative(compiled, NGramProposer(order=2), make_policy(4, None))
+    assert greedy(spec, prompt, 24) == reference
 
 
 def greedy(strategy, prompt: list[int], max_new: int = 40) -> list[int]:

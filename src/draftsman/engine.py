@@ -31,7 +31,7 @@ from draftsman.errors import DraftsmanError, InvalidArgumentError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.loader import load_model
-from draftsman.models.static_step import StaticModel
+from draftsman.models.static_step import StaticConfig, StaticModel
 from draftsman.models.weight_formats import gguf_source, is_quantised, parse_dtype
 from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
@@ -96,7 +96,7 @@ def pick_device(device: str | torch.device | None, backend: str = "torch",
     return resolve_device(device)
 
 
-def check_static(static: bool, backend: str) -> None:
+def check_static(static: bool | StaticConfig, backend: str) -> None:
     if static and backend != "torch":
         raise InvalidArgumentError(f"--static needs --backend torch, not {backend}")
 
@@ -160,7 +160,7 @@ def pick_backend(target: str | Path, requested: str = AUTO, *, dtype: str = DEFA
 
 def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
                 backend: str = "torch", numerics: str = "fast",
-                device: str | torch.device | None = "cpu", static: bool = False
+                device: str | torch.device | None = "cpu", static: bool | StaticConfig = False
                 ) -> LoadedModel:
     """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name.
 
@@ -185,7 +185,7 @@ def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
     else:
         model = load_model(folder, dtype, gguf=gguf_source(str(spec), dtype), device=placed)
         if static:
-            model = StaticModel(model)
+            model = StaticModel(model, static if isinstance(static, StaticConfig) else None)
     tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
     return LoadedModel(str(spec), Path(folder), model, tokenizer)
 
@@ -269,7 +269,7 @@ class Engine:
     def __init__(self, target: LoadedModel, dtype: torch.dtype = torch.bfloat16,
                  backend: str = "torch", numerics: str = "fast",
                  device: torch.device | None = None, backend_reason: str = "",
-                 static: bool = False) -> None:
+                 static: bool | StaticConfig = False) -> None:
         self.target = target
         self.dtype = dtype
         self.backend = backend
@@ -443,7 +443,7 @@ def load(
     numerics: str = "fast",
     methods: Sequence[MethodSpec] = (),
     device: str | torch.device | None = "auto",
-    static: bool = False,
+    static: bool | StaticConfig = False,
 ) -> Engine:
     """Load `target` (and `draft`) once. `backend="auto"` with no `dtype` and only the
     default method runs what `draftsman bench` measured fastest on this CPU, backend and
@@ -454,7 +454,8 @@ def load(
     `engine.backend_reason` says why. `device`:
     auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N; a GPU that is
     not there is a DeviceError. `static`: fixed-shape decode and verify steps, replayed as
-    CUDA graphs on a GPU (torch only; `backend="auto"` then means torch)."""
+    CUDA graphs on a GPU (torch only; `backend="auto"` then means torch); a StaticConfig
+    sets their options (`StaticConfig(compile=True)`: fused by torch.compile)."""
     check_backend(backend, numerics)
     if static and backend == AUTO:
         backend = "torch"
@@ -484,7 +485,7 @@ def load(
 
 def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = None,
              dtype: str | None = None, backend: str = AUTO, device: str = "auto",
-             static: bool = False, **kwargs: Any) -> Result:
+             static: bool | StaticConfig = False, **kwargs: Any) -> Result:
     method = kwargs.get("method", DEFAULT)
     options = {k: v for k, v in kwargs.items() if k not in _PREPARE_KEYS}
     engine = load(target, draft=draft, dtype=dtype, backend=backend, device=device,

@@ -42,8 +42,8 @@ def model_kind(model: Any, dtype: torch.dtype | str) -> str:
     device = getattr(model, "device", None)
     if isinstance(device, torch.device) and device.type != "cpu":
         kind += "-" + str(device).replace(":", "")
-    if caps.backend.endswith("--static"):
-        kind += "-static"
+    if "--static" in caps.backend:
+        kind += "-static" + ("-compiled" if caps.backend.endswith("--compile") else "")
     return kind
 
 

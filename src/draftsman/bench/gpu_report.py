@@ -30,6 +30,7 @@ from draftsman.profiling import interpolate
 
 AR, AR_EAGER, HF, HF_COMPILED = "autoregressive", "autoregressive:engine=torch-bf16", "hf", \
     "hf:compiled"
+AR_FUSED = "autoregressive:engine=torch-bf16+compiled"  # --static --compile
 CONTEXT = 512  # cached tokens the floor and the profiles are taken at
 
 
@@ -131,6 +132,10 @@ def goals(rows: list[dict[str, Any]], floor_ms: float | None) -> list[str]:
               ("AR ≥ 3× transformers eager", ratio(HF), lambda x: x >= 3.0, "×"),
               ("AR ≥ 1.0× transformers static cache + compile", ratio(HF_COMPILED),
                lambda x: x >= 1.0, "×")]
+    fused = by.get(AR_FUSED)
+    if fused and fused.ms_per_token and floor_ms:
+        checks.insert(1, ("AR with --compile within 2.5× the bandwidth floor",
+                          fused.ms_per_token / floor_ms, lambda x: x <= 2.5, "×"))
     for name, value, ok, unit in checks:
         out.append(f"| {name} | {fmt(value)}{unit if value else ''} | "
                    f"{'–' if value is None else ('yes' if ok(value) else 'no')} |")

@@ -58,10 +58,17 @@ from draftsman.bench.results import (
     reset_peak_rss,
     row_key,
 )
-from draftsman.bench.spec import BASELINE, MethodConfig, parse_engine, parse_methods
+from draftsman.bench.spec import (
+    BASELINE,
+    MethodConfig,
+    engine_static,
+    parse_engine,
+    parse_methods,
+)
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET, pick_backend
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
+from draftsman.models.static_step import StaticConfig
 from draftsman.proposers.drafters import is_model_free
 from draftsman.store.random_weights import weights_label
 from draftsman.store.resolve import resolve_gguf
@@ -90,6 +97,7 @@ class BenchConfig:
     numerics: str = "fast"  # llama.cpp's feeding mode (backends/llama_cpp.py)
     device: str = "auto"  # auto, cpu, cuda[:N]; the device used is in the run's environment
     static: bool = False  # fixed-shape steps, CUDA graphs on a GPU (torch only)
+    compile: bool = False  # static steps fused by torch.compile
     resume: bool = False
     turns: str = "first"  # "first" or "all"
     warmup_tokens: int = 8
@@ -102,6 +110,7 @@ class BenchConfig:
         backend = {} if self.backend == "torch" else {"backend": self.backend,
                                                       "numerics": self.numerics}
         static = {"static": True} if self.static else {}  # older runs resume as before
+        static |= {"compile": True} if self.compile else {}
         return {"target": self.target, "draft": self.draft, "dtype": self.dtype, **backend,
                 **static,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
@@ -161,7 +170,7 @@ def other_engine(engines: dict[str, Any], tag: str, config: BenchConfig) -> Any:
         engines[tag] = draftsman.load(
             config.target, draft=model_draft, dtype=dtype or "bf16", threads=config.threads,
             backend=backend, numerics=config.numerics if backend == "llama.cpp" else "fast",
-            device=config.device)
+            device=config.device, static=engine_static(tag))
     return engines[tag]
 
 
@@ -289,7 +298,8 @@ class Bench:
             engine = draftsman.load(config.target, draft=model_draft, dtype=config.dtype,
                                     threads=config.threads, backend=config.backend,
                                     numerics=config.numerics, device=config.device,
-                                    static=config.static)
+                                    static=StaticConfig(compile=True) if config.compile
+                                    else config.static)
         self.engine = engine
         self.tokenizer = engine.target.tokenizer
         self.contestants = build_contestants(engine, config)

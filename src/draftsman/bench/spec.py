@@ -23,10 +23,11 @@ slowest. A range yields at most `MAX_RANGE` values.
 ``default`` (no options) stands for what `draftsman generate` runs by default; the runner
 resolves it once the engine is loaded (strategies/default_method.py).
 
-``engine=BACKEND[-DTYPE]`` (``torch-q4``, ``torch-q8``, ``torch-bf16``, ``llama.cpp``) runs a
+``engine=BACKEND[-DTYPE][+STEPS]`` (``torch-q4``, ``torch-q8``, ``torch-bf16``, ``llama.cpp``;
+``+static`` for fixed-shape steps, ``+compiled`` for those fused by torch.compile) runs a
 configuration on a second engine of the same target instead of the run's own, so that
-backends and dtypes are timed side by side in one interleaved run; it is part of the label
-and of the recorded options, never passed to the method. It sweeps like any value
+backends, dtypes and step kinds are timed side by side in one interleaved run; it is part of
+the label and of the recorded options, never passed to the method. It sweeps like any value
 (``engine=torch-q4|torch-q8``).
 
 Invariant: a `MethodConfig`'s label is its canonical spec text (name, then ``:`` and the
@@ -85,16 +86,31 @@ ENGINE = "engine"
 ENGINE_BACKENDS = ("torch", "llama.cpp")
 
 
+ENGINE_STEPS = ("", "static", "compiled")
+
+
 def parse_engine(text: str) -> tuple[str, str | None]:
-    """``torch-q4`` -> ("torch", "q4"); ``llama.cpp`` -> ("llama.cpp", None)."""
+    """``torch-q4`` -> ("torch", "q4"); ``llama.cpp`` -> ("llama.cpp", None); a ``+static``
+    or ``+compiled`` suffix (engine_static) is checked here and left out."""
     from draftsman.models.weight_formats import DTYPE_CHOICES
 
-    backend, _, dtype = text.partition("-") if text != "llama.cpp" else (text, "", "")
+    name, _, steps = text.partition("+")
+    backend, _, dtype = name.partition("-") if name != "llama.cpp" else (name, "", "")
     if (backend not in ENGINE_BACKENDS or (backend == "torch") != bool(dtype)
-            or (dtype and dtype not in DTYPE_CHOICES)):
+            or (dtype and dtype not in DTYPE_CHOICES) or steps not in ENGINE_STEPS
+            or (steps and backend != "torch")):
         raise InvalidArgumentError(f"engine={text!r}: write torch-DTYPE (torch-q4, torch-q8, "
-                                   "torch-bf16, torch-fp32) or llama.cpp")
+                                   "torch-bf16, torch-fp32), optionally +static or +compiled, "
+                                   "or llama.cpp")
     return backend, dtype or None
+
+
+def engine_static(text: str):
+    """The `static` that `draftsman.load` takes for an `engine=` tag's +STEPS suffix."""
+    from draftsman.models.static_step import StaticConfig
+
+    steps = text.partition("+")[2]
+    return StaticConfig(compile=True) if steps == "compiled" else steps == "static"
 
 
 def coerce(value: str) -> object:

@@ -13,7 +13,7 @@ from draftsman.bench.presets import PRESETS
 from draftsman.bench.results import ResultsFile
 from draftsman.bench.runner import BenchConfig, run_bench
 from draftsman.bench.tables import table_md
-from draftsman.cli.generate_cmd import add_model_args, add_sampling_args
+from draftsman.cli.generate_cmd import add_model_args, add_sampling_args, static_option
 from draftsman.errors import InvalidArgumentError
 
 DEFAULTS = dict(methods=["speculative"], datasets=["humaneval"], limit=5, max_new_tokens=128,
@@ -103,7 +103,7 @@ def config_from_args(args: argparse.Namespace):
     out = args.out or f"bench-results/{args.preset or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
     return BenchConfig(
         target=args.target, draft=args.draft, threads=args.threads,
-        device=args.device, static=args.static,
+        device=args.device, static=args.static, compile=bool(static_option(args)) and args.compile,
         top_k=args.top_k, top_p=args.top_p, out=out,
         resume=args.resume,
         warmup_tokens=args.warmup_tokens, progress=not args.no_progress,

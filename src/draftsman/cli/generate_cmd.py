@@ -14,6 +14,7 @@ from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
 from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, unavailable_reason
+from draftsman.models.static_step import StaticConfig
 from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import registry
@@ -46,6 +47,21 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="torch: decode and verify steps of up to 64 rows at fixed "
                              "shapes over the whole KV cache, replayed as CUDA graphs on a "
                              "GPU (the GPU path; on the CPU it only costs time)")
+    add_compile_arg(parser)
+
+
+def add_compile_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile", action="store_true",
+                        help="with --static: fuse each step's small kernels with torch.compile "
+                             "before capture (compiles once per row bucket on first use, "
+                             "minutes in all; for long-running GPU work)")
+
+
+def static_option(args: argparse.Namespace) -> bool | StaticConfig:
+    """--static / --static --compile as `draftsman.load`'s `static`."""
+    if getattr(args, "compile", False) and not args.static:
+        raise InvalidArgumentError("--compile fuses --static steps: add --static")
+    return StaticConfig(compile=True) if getattr(args, "compile", False) else args.static
 
 
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         registry.method_options(args.method, options)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
                             backend=args.backend, numerics=args.numerics, device=args.device,
-                            static=args.static, methods=[(args.method, options)])
+                            static=static_option(args), methods=[(args.method, options)])
     method, options, why = engine.resolve_method(args.method, options)
     if args.verbose:
         report_choices(engine, why)

@@ -15,7 +15,7 @@ import sys
 import torch
 
 from draftsman.cli.common import add_device_arg, positive_ints
-from draftsman.cli.generate_cmd import add_numerics_arg
+from draftsman.cli.generate_cmd import add_compile_arg, add_numerics_arg, static_option
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.prompt_tokens import PromptTokens
@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--static", action="store_true",
                    help="time the fixed-shape steps (buckets up to 64 rows, CUDA graphs on a "
                         "GPU) that generate --static runs; saved as a profile of its own")
+    add_compile_arg(p)
     p.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
                    help="input lengths to time, comma separated")
     p.add_argument("--context", type=int, default=256, help="cached tokens before the input")
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     lengths = parse_lengths(args.lengths)
     bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics, args.device,
-                         static=args.static)
+                         static=static_option(args))
     latency = measure_latency(bundle.model, lengths, args.context, args.repeats)
     threads = torch.get_num_threads()
     kind = model_kind(bundle.model, args.dtype)

@@ -29,6 +29,7 @@ from draftsman.cli.generate_cmd import (
     method_options,
     print_method_options,
     report_choices,
+    static_option,
 )
 from draftsman.engine import DEFAULT_DRAFTS
 from draftsman.errors import InvalidArgumentError
@@ -168,7 +169,7 @@ def build_app(args: argparse.Namespace, engine_thread: EngineThread | None = Non
     # without --method the backend is chosen for the default method, not the torch fallback
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
                             backend=args.backend, numerics=args.numerics, device=args.device,
-                            static=args.static,
+                            static=static_option(args),
                             methods=[(method, options)] if args.method else [])
     why = ""
     if method == DEFAULT:

@@ -51,6 +51,10 @@ class StaticConfig:
     # 5.98 ms/token over a 2.91 ms step); a step attends over the whole capacity, and 1024
     # slots of a 1.5B's KV are 2% of its weight bytes
     round_to: int = 1024
+    # fuse each step's element-wise kernels with torch.compile (inductor) before capture:
+    # on an H200 the 1.5B's step was 3.0 ms, 1.2 ms of it matrix products and the rest
+    # ~1,000 small kernels (gpu-h200/all-families); compiles once per bucket on first use
+    compile: bool = False
 
 
 @dataclass
@@ -62,22 +66,34 @@ class StepInputs:
     start: torch.Tensor  # [1] long: the slot of row 0
     rows: torch.Tensor  # [Tb, Tb] bool: which new rows each new row sees
     floor: torch.Tensor  # [Tb] long: a row sees only slots > floor (-1: no window)
+    embeds: torch.Tensor | None = None  # [1, Tb, H] input embeddings in place of the tokens'
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        """The tensors a graph copies in, in field order (`embeds` only when given)."""
+        values = (getattr(self, f.name) for f in fields(self))
+        return tuple(t for t in values if t is not None)
 
     def to(self, device: torch.device) -> StepInputs:
-        return StepInputs(*(t.to(device) for t in self.tensors()))
+        return StepInputs(**{f.name: None if getattr(self, f.name) is None
+                             else getattr(self, f.name).to(device) for f in fields(self)})
+
+    def clone(self) -> StepInputs:
+        return StepInputs(**{f.name: None if getattr(self, f.name) is None
+                             else getattr(self, f.name).clone() for f in fields(self)})
 
 
 def step_inputs(tokens: torch.Tensor, positions: torch.Tensor, start: int,
-                mask: torch.Tensor | None, bucket: int, window: int | None) -> StepInputs:
+                mask: torch.Tensor | None, bucket: int, window: int | None,
+                embeds: torch.Tensor | None = None) -> StepInputs:
     """Inputs for n = positions.shape[1] real rows padded to `bucket` rows, built on the host
-    but for the token ids, which stay where they are (a draft's tokens on the device are
-    fed without a sync). `mask` is the new rows' [n, n] (or [1, n, n]) visibility among
-    themselves (a tree)."""
+    but for the token ids and `embeds`, which stay where they are (a draft's tokens on the
+    device are fed without a sync). `mask` is the new rows' [n, n] (or [1, n, n]) visibility
+    among themselves (a tree). `embeds` [1, n, H], when given, replaces the rows' token
+    embeddings (parallel prompt decoding's prompt tokens); pad rows get zeros."""
     n = positions.shape[1]
     pad = bucket - n
+    if embeds is not None:
+        embeds = torch.cat([embeds, embeds.new_zeros(1, pad, embeds.shape[-1])], dim=1)
     tokens = torch.cat([tokens, torch.zeros(1, pad, dtype=torch.long, device=tokens.device)],
                        dim=1)
     positions = positions.cpu()
@@ -89,7 +105,7 @@ def step_inputs(tokens: torch.Tensor, positions: torch.Tensor, start: int,
         floor = positions[0] - window
     else:
         floor = torch.full((bucket,), -1, dtype=torch.long)
-    return StepInputs(tokens, positions, torch.tensor([start]), rows, floor)
+    return StepInputs(tokens, positions, torch.tensor([start]), rows, floor, embeds)
 
 
 class SlotWriter:
@@ -118,7 +134,8 @@ def static_forward(model: DecoderLM, k: torch.Tensor, v: torch.Tensor,
     sees_new = inp.rows[:, rel.clamp(0, bucket - 1)] & new  # [Tb, S]
     visible = ((rel < 0) | sees_new) & (slot > inp.floor[:, None])  # [Tb, S]
     writer = SlotWriter(k, v, inp.start + torch.arange(bucket, device=k.device))
-    x = model.embed(inp.tokens, inp.positions)  # [1, Tb, H]
+    x = model.embed(inp.tokens, inp.positions) if inp.embeds is None else inp.embeds
+    # x: [1, Tb, H]
     ctx = model.layer_context(inp.positions)
     for i, layer in enumerate(model.layers):
         x = layer(x, ctx, writer, i, 0, visible[None, None])
@@ -136,7 +153,7 @@ class GraphedStep:
 
     def __init__(self, run: Callable[[StepInputs], tuple[torch.Tensor, torch.Tensor]],
                  first: StepInputs) -> None:
-        self.inputs = StepInputs(*(t.clone() for t in first.tensors()))
+        self.inputs = first.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -164,6 +181,7 @@ class Arena:
     v: torch.Tensor
     user: weakref.ref | None = None
     graphs: dict[int, GraphedStep] = field(default_factory=dict)  # bucket -> graph
+    embed_graphs: dict[int, GraphedStep] = field(default_factory=dict)  # fed embeddings
 
     @property
     def free(self) -> bool:
@@ -177,8 +195,8 @@ class Arena:
 class StaticModel:
     """`model` whose forwards of up to max(buckets) rows run at one shape per bucket (see
     the module docstring), replayed from CUDA graphs on a CUDA device; everything else
-    (config, head, device, ...) is the model's. Runs whole-model forwards on token ids of
-    one sequence; layer ranges and input embeddings are not declared in `capabilities`."""
+    (config, head, device, ...) is the model's. Runs whole-model forwards of one sequence,
+    from token ids or input embeddings; layer ranges are not declared in `capabilities`."""
 
     def __init__(self, model: DecoderLM, options: StaticConfig | None = None) -> None:
         self.model = model
@@ -186,6 +204,9 @@ class StaticModel:
         graphs = self.options.graphs
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
         self._arenas: list[Arena] = []
+        # with --compile, the step as run and captured: one fixed shape per bucket
+        self._compiled = (torch.compile(static_forward, dynamic=False)
+                          if self.options.compile else None)
 
     def __getattr__(self, name: str):
         if name == "model":  # not set yet (during construction or copying)
@@ -194,8 +215,9 @@ class StaticModel:
 
     @property
     def capabilities(self) -> Capabilities:
-        return replace(self.model.capabilities, backend="torch --static",
-                       layer_ranges=False, input_embeddings=False, ragged_batches=False)
+        backend = "torch --static" + (" --compile" if self.options.compile else "")
+        return replace(self.model.capabilities, backend=backend,
+                       layer_ranges=False, input_embeddings=True, ragged_batches=False)
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         """A cache of at least `capacity` + max(buckets) slots, on a free arena if one is
@@ -221,10 +243,15 @@ class StaticModel:
                  hidden_from: torch.Tensor | None = None,
                  logits_at: slice | torch.Tensor | None = ALL, start: int | None = None
                  ) -> Output:
-        """The forward contract of base.py, for token ids through every layer."""
+        """The forward contract of base.py, for token ids or input embeddings through every
+        layer."""
         whole = layers is None or layers == range(self.model.config.num_layers)
-        if tokens is None or inputs_embeds is not None or hidden_from is not None or not whole:
-            raise UnsupportedError("--static runs whole-model forwards on token ids only")
+        if hidden_from is not None or not whole:
+            raise UnsupportedError("--static runs whole-model forwards only")
+        if tokens is None:
+            if inputs_embeds is None:
+                raise ValueError("a forward needs token ids or input embeddings")
+            tokens = torch.zeros(positions.shape, dtype=torch.long, device=inputs_embeds.device)
         start = cache.length if start is None else start
         n = positions.shape[1]
         bucket = next((b for b in self.options.buckets if b >= n), None)
@@ -232,10 +259,10 @@ class StaticModel:
         if bucket is None or start + bucket > cache.capacity or not tree \
                 or positions.shape[0] != 1:
             return self.model(tokens, positions, cache, mask=mask, logits_at=logits_at,
-                              start=start)
+                              inputs_embeds=inputs_embeds, start=start)
         cache.check_room(start + n)
         inputs = step_inputs(tokens, positions, start, mask, bucket,
-                             self.model.config.sliding_window)
+                             self.model.config.sliding_window, inputs_embeds)
         with torch.inference_mode():
             logits, hidden = self._step(cache, inputs, bucket)
             cache.set_length(start + n)
@@ -250,11 +277,14 @@ class StaticModel:
               ) -> tuple[torch.Tensor, torch.Tensor]:
         arena = next((a for a in self._arenas if a.k is cache.k), None)
         if not self.graphs or arena is None:  # eager (a cache not made here: no graphs)
-            return static_forward(self.model, cache.k, cache.v, inputs.to(cache.k.device))
-        graph = arena.graphs.get(bucket)
+            forward = self._compiled or static_forward
+            return forward(self.model, cache.k, cache.v, inputs.to(cache.k.device))
+        graphs = arena.graphs if inputs.embeds is None else arena.embed_graphs
+        graph = graphs.get(bucket)
         if graph is None:
             model, k, v = self.model, arena.k, arena.v  # not the cache: it must die freely
-            graph = GraphedStep(lambda inp: static_forward(model, k, v, inp),
+            forward = self._compiled or static_forward
+            graph = GraphedStep(lambda inp: forward(model, k, v, inp),
                                 inputs.to(k.device))
-            arena.graphs[bucket] = graph
+            graphs[bucket] = graph
         return graph(inputs)
