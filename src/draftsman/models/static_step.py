@@ -85,26 +85,29 @@ class StepInputs:
 def step_inputs(tokens: torch.Tensor, positions: torch.Tensor, start: int,
                 mask: torch.Tensor | None, bucket: int, window: int | None,
                 embeds: torch.Tensor | None = None) -> StepInputs:
-    """Inputs for n = positions.shape[1] real rows padded to `bucket` rows, built on the host
-    but for the token ids and `embeds`, which stay where they are (a draft's tokens on the
-    device are fed without a sync). `mask` is the new rows' [n, n] (or [1, n, n]) visibility
-    among themselves (a tree). `embeds` [1, n, H], when given, replaces the rows' token
-    embeddings (parallel prompt decoding's prompt tokens); pad rows get zeros."""
+    """Inputs for n = positions.shape[1] real rows padded to `bucket` rows, built where the
+    positions are (the host, but for a tree step's); token ids and `embeds` stay where they
+    are (a draft's tokens on the device are fed without a sync). `mask` is the new rows'
+    [n, n] (or [1, n, n]) visibility among themselves (a tree). `embeds` [1, n, H], when
+    given, replaces the rows' token embeddings (parallel prompt decoding's prompt tokens);
+    pad rows get zeros."""
     n = positions.shape[1]
     pad = bucket - n
     if embeds is not None:
         embeds = torch.cat([embeds, embeds.new_zeros(1, pad, embeds.shape[-1])], dim=1)
     tokens = torch.cat([tokens, torch.zeros(1, pad, dtype=torch.long, device=tokens.device)],
                        dim=1)
-    positions = positions.cpu()
+    # built where the positions are: a tree step's positions and mask already on the GPU
+    # (parallel prompt decoding) are padded there, without a read back to the host
+    where = positions.device
     positions = torch.cat([positions, positions[:, -1:].expand(1, pad)], dim=1)
-    rows = torch.ones(bucket, bucket, dtype=torch.bool).tril()
+    rows = torch.ones(bucket, bucket, dtype=torch.bool, device=where).tril()
     if mask is not None:
-        rows[:n, :n] = mask.reshape(n, n).cpu()
+        rows[:n, :n] = mask.reshape(n, n).to(where)
     if window is not None and mask is None:
         floor = positions[0] - window
     else:
-        floor = torch.full((bucket,), -1, dtype=torch.long)
+        floor = torch.full((bucket,), -1, dtype=torch.long, device=where)
     return StepInputs(tokens, positions, torch.tensor([start]), rows, floor, embeds)
 
 
