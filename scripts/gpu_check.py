@@ -15,6 +15,8 @@ breaks or hangs costs only itself:
             --static --compile (engine=torch-bf16+compiled),
             speculative with the 0.5B (fixed and cost-model γ), transformers eager and
             static cache + torch.compile. Every row says weights: random.
+  batched   the batched path at 1 / 4 / 8 requests at once on the random 1.5B
+            (bench/batch_rates.py: Engine.generate_many, no server)
   breakdown one static 1.5B step's kernels by device time (bench/step_breakdown.py)
   real      SmolLM2-135M from GGUF parts carried beside the tree (joined, hash-checked):
             its cost curve and an interleaved bench of every single-model method against
@@ -42,9 +44,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("env", "test-gpu", "random", "breakdown", "real", "report")
-TIMEOUTS = {"env": 120, "test-gpu": 240, "random": 420, "breakdown": 90, "real": 300,
-            "report": 60}
+STAGES = ("env", "test-gpu", "random", "batched", "breakdown", "real", "report")
+# sized for one device call (at most 600 s) in a session of 15 device minutes: the H200
+# run of 2026-11-26 took env 12 s, test-gpu 20 s, random 252 s, breakdown 49 s
+TIMEOUTS = {"env": 40, "test-gpu": 90, "random": 330, "batched": 60, "breakdown": 60,
+            "real": 240, "report": 30}
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 SMALL = "smollm2-135m-instruct"
 ACCEPTANCE = ROOT / "bench-results" / "speculative-bf16-avx512"
@@ -132,13 +136,14 @@ class Check:
             (self.work / "test-gpu.log").write_text("dry run: pytest -m gpu not run\n")
             return True
         # only the files that hold CUDA tests: the others may import what this machine
-        # lacks (fastapi, llama.cpp), and a collection error would stop the whole run
+        # lacks (fastapi, llama.cpp); a file that still fails to import costs only itself
         files = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "tests").glob("test_*.py")
                        if "devices()" in f.read_text() or "mark.gpu" in f.read_text())
         # one hung test must not take the whole stage: pytest-timeout where the machine has it
         per_test = ["--timeout", "90"] if importlib.util.find_spec("pytest_timeout") else []
         return self.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
-                         "no:cacheprovider", "-o", "addopts=", "-rfE", *per_test, *files],
+                         "no:cacheprovider", "-o", "addopts=", "-rfE",
+                         "--continue-on-collection-errors", *per_test, *files],
                         "test-gpu", budget)
 
     def like(self, name: str) -> Path:
@@ -227,6 +232,16 @@ class Check:
                      "speculative:gamma=auto")
             methods, peers = [m for m in methods if m in quick], "hf:compiled"
         return self.bench("random", target, draft, methods, peers, 1, end - time.monotonic())
+
+    def stage_batched(self, budget: float) -> bool:
+        """The batched path (one shared forward per step) at 1, 4 and 8 requests at once, on
+        the random 1.5B: Engine.generate_many, as the server's scheduler runs it."""
+        target = self.random_folder("1.5b", self.like(PAIR[0]), 0)
+        return self.run([sys.executable, "-m", "draftsman.bench.batch_rates", "--target", target,
+                         "--device", self.device, "--parallel", "1,4,8", "--dataset",
+                         ",".join(self.datasets()), "--limit", "1" if self.dry else "4",
+                         "--max-new-tokens", "8" if self.dry else "64", "--out",
+                         self.work / "batch-rates.json"], "batched", budget)
 
     def stage_breakdown(self, budget: float) -> bool:
         target = self.work / "models" / "random-1.5b"
@@ -360,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/draftsman-gpu-check"),
                    help="working folder (models, logs, results)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"of {', '.join(STAGES)}")
-    p.add_argument("--budget", type=float, default=1500,
-                   help="seconds for all stages; a stage gets what is left (default 1500)")
+    p.add_argument("--budget", type=float, default=540,
+                   help="seconds for all stages; a stage gets what is left (default 540: one "
+                        "device call runs at most 600 s)")
     p.add_argument("--limits", default="",
                    help="per-stage caps in seconds, e.g. random=300,test-gpu=120 (default: "
                         + ", ".join(f"{k} {v}" for k, v in TIMEOUTS.items()) + ")")

@@ -10,9 +10,19 @@ scheduler directly.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from test_conformance import CHAIN_NEEDS, CHAIN_PROMPT, T1, VOCAB, WINDOW
+from test_conformance import (
+    CHAIN_NEEDS,
+    CHAIN_PROMPT,
+    T1,
+    TREE_PROMPT,
+    VOCAB,
+    WINDOW,
+    sibling_not_cleared,
+)
 from test_speculative import perturbed_copy
 from tiny import hf_model, ours_from_hf, tiny_pair
 
@@ -21,14 +31,17 @@ from draftsman.batching.scheduler import BatchConfig, BatchScheduler
 from draftsman.core import GenerationConfig
 from draftsman.errors import UnsupportedError
 from draftsman.models.ragged import RaggedCaches, Segment
+from draftsman.models.static_step import StaticModel
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.sampling import SamplingConfig
-from draftsman.strategies import step_machine
+from draftsman.strategies import step_machine, tree_steps
 from draftsman.strategies.autoregressive import Autoregressive
+from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import CostModelGamma, make_policy
 from draftsman.strategies.speculative import Speculative
+from draftsman.strategies.tree_speculative import TreeSpeculative
 from draftsman.testing import check_exact, target_joint
 from draftsman.testing.in_batch import InBatch
 from draftsman.verification.chain import Verdict
@@ -141,14 +154,30 @@ def alone(make, prompt, config):
 
 
 def test_batched_greedy_equals_each_request_alone_and_guesses_pay(pair):
-    target, draft = pair
+    check_batched_greedy(*pair)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_batched_greedy_equals_each_request_alone_on_cuda(pair):
+    """The server's batched path on a GPU: ragged forwards on CUDA tensors."""
+    check_batched_greedy(*(copy.deepcopy(m).to("cuda") for m in pair))
+
+
+def check_batched_greedy(target, draft) -> None:
+    steps = batched_equals_alone(target, factories(target, draft), PROMPTS)
+    assert sum(s.accepted for i in (1, 2, 3, 4) for s in steps[i]) > 10  # guesses were kept
+    assert any(s.rejected for i in (3, 4) for s in steps[i])  # and refused
+
+
+def batched_equals_alone(target, makers, prompts) -> dict[int, list]:
+    """Every request decoded together (greedy) equals it alone; their Steps by request."""
     config = GenerationConfig(24, SamplingConfig())
-    makers = factories(target, draft)
-    scheduler = BatchScheduler(target, BatchConfig(max_batch=5, prefill_chunk=4),
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=len(makers), prefill_chunk=4),
                                lambda n: 1.0 + 0.02 * (n - 1))
     outputs = {i: [] for i in range(len(makers))}
     steps = {i: [] for i in range(len(makers))}
-    for i, (make, prompt) in enumerate(zip(makers, PROMPTS, strict=True)):
+    for i, (make, prompt) in enumerate(zip(makers, prompts, strict=True)):
         scheduler.submit(make().steps(prompt, config, 4),
                          lambda s, i=i: (outputs[i].extend(s.tokens), steps[i].append(s)))
     most = 0
@@ -156,10 +185,38 @@ def test_batched_greedy_equals_each_request_alone_and_guesses_pay(pair):
         scheduler.step()
         most = max(most, scheduler.last.requests if scheduler.last else 0)
     assert most == len(makers)  # they really shared forwards
-    for i, (make, prompt) in enumerate(zip(makers, PROMPTS, strict=True)):
+    for i, (make, prompt) in enumerate(zip(makers, prompts, strict=True)):
         assert outputs[i] == alone(make, prompt, config), i
-    assert sum(s.accepted for i in (1, 2, 3, 4) for s in steps[i]) > 10  # guesses were kept
-    assert any(s.rejected for i in (3, 4) for s in steps[i])  # and refused
+    return steps
+
+
+def tree_request(target, proposer, branches):
+    planner = BranchPlanner(None, 3, {n: 1.0 + 0.02 * (n - 1) for n in range(1, 64)}) \
+        if branches == "auto" else BranchPlanner(branches)
+    return TreeSpeculative(target, proposer, make_policy(3, None), planner)
+
+
+def test_batched_trees_equal_each_request_alone(pair):
+    """Tree speculation shares the forward: each tree's rows carry their own mask and
+    positions in the ragged batch, and the accepted path is compacted in its own cache."""
+    target, draft = pair
+    makers = [lambda: tree_request(target, NGramProposer(order=2), 3),
+              lambda: tree_request(target, PromptLookupProposer(), "auto"),
+              *factories(target, draft)[:3]]
+    assert all(m().batchable for m in makers)
+    prompts = [[5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6], *PROMPTS[1:4]]
+    prompts.insert(1, [7, 3, 7, 4, 7, 3, 7, 4, 7])
+    steps = batched_equals_alone(target, makers, prompts)
+    assert any(s.extra.get("branches", 0) >= 2 for s in steps[0])  # real trees were batched
+    assert sum(s.accepted for i in (0, 1) for s in steps[i]) > 5
+
+
+def test_a_tree_on_a_backend_without_ragged_trees_runs_alone(pair):
+    target, _ = pair
+    tree = tree_request(target, NGramProposer(order=2), 2)
+    assert tree.batchable
+    tree.target = StaticModel(target)  # a backend that does not declare ragged_trees
+    assert not tree.batchable
 
 
 def test_requests_join_and_leave_mid_stream(pair):
@@ -303,6 +360,33 @@ def test_sampling_in_a_changing_batch_is_the_targets_distribution(small):
                          draws=1500, require=CHAIN_NEEDS)
     print(result.table())
     assert result.passed(), result.table()
+
+
+def batched_tree_case(target):
+    """The conformance suite's three-branch tree, in a batch others join and leave."""
+    return InBatch(target, lambda: tree_request(target, NGramProposer(order=2), 3),
+                   lambda: Speculative(target, NGramProposer(order=2), make_policy(2, None)),
+                   vocab=VOCAB)
+
+
+def test_sampling_a_tree_in_a_changing_batch_is_the_targets_distribution(small):
+    target, _ = small
+    expected = target_joint(target, TREE_PROMPT, WINDOW, T1)
+    result = check_exact(batched_tree_case(target), TREE_PROMPT, expected, T1, draws=1200,
+                         require=["branches >= 2", "branches >= 3", "sibling after rejection",
+                                  "accepted at 1", "rejected at 1", "bonus"])
+    print(result.table())
+    assert result.passed(), result.table()
+
+
+def test_a_broken_tree_rule_in_a_batch_is_caught(small, monkeypatch):
+    """Negative control: a refused guess leaves its mass in the residual unless it was
+    the first child (the conformance suite's tree mutation), in the batched machine."""
+    monkeypatch.setattr(tree_steps, "verify_tree_sampling", sibling_not_cleared)
+    target, _ = small
+    expected = target_joint(target, TREE_PROMPT, WINDOW, T1)
+    result = check_exact(batched_tree_case(target), TREE_PROMPT, expected, T1, draws=1200)
+    assert result.p_min < 1e-6, result.table()
 
 
 def test_a_broken_rule_in_a_batch_is_caught(small, monkeypatch):

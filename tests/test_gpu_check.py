@@ -32,11 +32,12 @@ def test_dry_run_runs_every_stage_and_packs_its_results(tmp_path: Path) -> None:
                           str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     status = json.loads((tmp_path / "work" / "status.json").read_text())
-    assert status == {s: "ok" for s in ("env", "test-gpu", "random", "breakdown", "real",
-                                        "report")}
+    assert status == {s: "ok" for s in ("env", "test-gpu", "random", "batched", "breakdown",
+                                        "real", "report")}
     summary = (out / "summary.md").read_text()
     for part in ("Forward cost, 1.5b bf16", "weights: random", "| hf:compiled |",
-                 "Bandwidth floor", "Predicted: the real Qwen2.5-Coder", "One static step"):
+                 "Bandwidth floor", "Predicted: the real Qwen2.5-Coder", "One static step",
+                 "Many requests at once"):
         assert part in summary, part
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         names = set(tar.getnames())

@@ -185,7 +185,8 @@ class BatchScheduler:
         rows = [t.machine.rows() for t in decoding if not t.done] + [
             t.machine.rows(chunk) for t in prompting if not t.done]
         ids = torch.tensor([[tok for r in rows for tok in r.tokens]], dtype=torch.long)
-        positions = torch.tensor([[r.start + j for r in rows for j in range(len(r.tokens))]],
+        positions = torch.tensor([[r.start + (j if r.offsets is None else r.offsets[j])
+                                   for r in rows for j in range(len(r.tokens))]],
                                  dtype=torch.long)
         wanted, offset = [], 0
         for r in rows:

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from draftsman.bench.batch_rates import table as batch_table
 from draftsman.bench.device_ceilings import floor_seconds
 from draftsman.bench.metrics import summarise
 from draftsman.bench.results import ResultsFile
@@ -90,6 +91,20 @@ def bandwidth_floor_ms(work: Path, ceilings: dict[str, Any] | None) -> float | N
         saved.write_text(json.dumps({"floor_ms": ms, "context": CONTEXT}) + "\n")
         return ms
     return json.loads(saved.read_text())["floor_ms"] if saved.is_file() else None
+
+
+def batched_section(work: Path, device: str) -> list[str]:
+    """The batched stage's rates (bench/batch_rates.py), when it ran."""
+    path = work / "batch-rates.json"
+    if not path.is_file():
+        return []
+    rows = json.loads(path.read_text())["rows"]
+    n = rows[0]["prompts"] if rows else 0
+    return [f"## Many requests at once: Engine.generate_many, 1.5B shapes ({device}; weights: "
+            "random)", "",
+            f"_{n} prompts, each level generating for all of them; tok/s = new tokens over the "
+            "call's wall time, prefills included (eager engine: the ragged batched forward has "
+            "no static form yet)._", "", batch_table(rows), ""]
 
 
 def bench_table(rows: list[dict[str, Any]], title: str, floor_ms: float | None) -> list[str]:
@@ -206,6 +221,7 @@ def report(work: Path, acceptance: Path | None = None) -> str:
                   *bench_table(random_rows, f"1.5B bf16 + 0.5B draft, {device}, weights: random"
                                " (acceptance meaningless: costs only)", floor_ms),
                   *goals(random_rows, floor_ms)]
+    lines += batched_section(work, device)
     if real_rows:
         by = {s.label: s for s in summarise(real_rows)}
         exact = [s for s in by.values() if s.kind == "draftsman" and s.exactness == "exact"

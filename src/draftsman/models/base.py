@@ -209,7 +209,8 @@ class DecoderLM(nn.Module):
         """Our own models expose every part of the forward contract."""
         return Capabilities(backend="torch", layer_ranges=True, input_embeddings=True,
                             hidden_states=True, exact_tree_keep=True, max_tree_rows=None,
-                            device=self.device.type, numerics=None, ragged_batches=True)
+                            device=self.device.type, numerics=None, ragged_batches=True,
+                            ragged_trees=True)
 
     def __setstate__(self, state: dict) -> None:
         # unpickled in another process (the pipelined workers): load the fused ops there too

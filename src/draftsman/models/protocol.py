@@ -35,6 +35,7 @@ class Capabilities:
     #                       profiles); None: the engine's dtype decides
     ragged_batches: bool = False  # forward(cache=RaggedCaches): several sequences' rows in
     #                               one forward, each with its own cache (models/ragged.py)
+    ragged_trees: bool = False  # ... and each segment may carry its own tree mask
 
     def has(self, name: str) -> bool:
         return bool(getattr(self, name))

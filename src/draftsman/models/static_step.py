@@ -220,7 +220,8 @@ class StaticModel:
     def capabilities(self) -> Capabilities:
         backend = "torch --static" + (" --compile" if self.options.compile else "")
         return replace(self.model.capabilities, backend=backend,
-                       layer_ranges=False, input_embeddings=True, ragged_batches=False)
+                       layer_ranges=False, input_embeddings=True, ragged_batches=False,
+                       ragged_trees=False)
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         """A cache of at least `capacity` + max(buckets) slots, on a free arena if one is

@@ -49,6 +49,10 @@ class Rows:
     start: int  # position (= cache slot) of the first row
     logits_from: int | None  # first row whose logits `accept` reads; None: none
     prefill: bool  # a chunk of the prompt
+    # a tree's rows (tree_steps.py): each row's position minus `start` (siblings share
+    # one), and which rows each row sees; None: consecutive positions, causal
+    offsets: tuple[int, ...] | None = None
+    mask: torch.Tensor | None = None
 
     @property
     def logits_rows(self) -> int:
@@ -63,7 +67,7 @@ class SpeculativeSteps:
                  policy: GammaPolicy | None, prompt_ids: list[int], config: GenerationConfig,
                  *, sources: tuple[str, str] = ("draft", "target"),
                  prefill_chunk: int | None = None,
-                 new_cache: Callable[[int], Cache] | None = None) -> None:
+                 new_cache: Callable[[int], Cache] | None = None, extra_rows: int = 0) -> None:
         check_fits(target, len(prompt_ids), config)
         self.proposer = proposer if policy is not None else None
         self.policy = policy
@@ -72,8 +76,9 @@ class SpeculativeSteps:
         max_gamma = policy.max_gamma if self.proposer is not None else 0
         self.capacity = len(prompt_ids) + config.max_new_tokens + max_gamma + 2
         # a batch may need the request's cache from a shared pool (llama.cpp's sequences)
-        self.state = ModelState(target, self.capacity,
-                                cache=new_cache(self.capacity) if new_cache else None)
+        self.state = ModelState(target, self.capacity, extra_rows=extra_rows,
+                                cache=new_cache(self.capacity + extra_rows) if new_cache
+                                else None)
         self.sampler = Sampler(config.sampling)
         self.budget = Budget(config)
         self.timer = Timer()

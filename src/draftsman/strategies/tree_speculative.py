@@ -18,17 +18,25 @@ right after the root -- and feeds the rest again at the start of the next forwar
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import DecoderLM
-from draftsman.proposers.base import Proposal, Proposer
+from draftsman.models.protocol import Cache
+from draftsman.proposers.base import Proposer
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
 from draftsman.strategies.base import Strategy, check_fits
 from draftsman.strategies.branches import BranchPlanner
-from draftsman.strategies.gamma import Feedback, GammaPolicy
+from draftsman.strategies.gamma import GammaPolicy
 from draftsman.strategies.speculative import prefill
+from draftsman.strategies.tree_steps import (
+    TreeSteps,
+    chain_feedback,
+    first_branch,
+    plan_branches,
+    tree_room,
+)
 from draftsman.trees.draft_tree import DraftTree
 from draftsman.verification.tree import TreeVerdict, verify_tree_greedy, verify_tree_sampling
 
@@ -69,10 +77,23 @@ class TreeSpeculative(Strategy):
         self.policy = policy
         self.planner = planner
 
+    @property
+    def batchable(self) -> bool:  # type: ignore[override]
+        """Whether a batch can verify this tree beside other requests (a backend whose
+        ragged forward takes per-sequence tree masks)."""
+        return self.target.capabilities.has("ragged_trees")
+
+    def steps(self, prompt_ids: list[int], config: GenerationConfig,
+              prefill_chunk: int | None = None,
+              new_cache: Callable[[int], Cache] | None = None) -> TreeSteps:
+        """This request as a step machine for the batch scheduler (tree_steps.py)."""
+        return TreeSteps(self.target, self.proposer, self.policy, self.planner, prompt_ids,
+                         config, prefill_chunk=prefill_chunk, new_cache=new_cache)
+
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
         check_fits(self.target, len(prompt_ids), config)
         policy, planner = self.policy, self.planner
-        room = (planner.max_branches + 1) * policy.max_gamma + 2  # tree + re-fed path rows
+        room = tree_room(policy, planner)
         capacity = len(prompt_ids) + config.max_new_tokens + room
         state = ModelState(self.target, len(prompt_ids) + config.max_new_tokens,
                            extra_rows=room)
@@ -90,7 +111,8 @@ class TreeSpeculative(Strategy):
                         budget.remaining - 1)
             asked = planner.next_branches()
             with timer("draft"):
-                branches, planned = self._branches(committed, gamma, asked, sampler)
+                branches, planned = plan_branches(self.proposer, policy, committed, gamma,
+                                                  asked, sampler)
             gamma = gamma if planned is None else planned
             key = branches[0].extra.get("match") if branches else None
             with timer("verify"):
@@ -104,8 +126,8 @@ class TreeSpeculative(Strategy):
             with timer("other"):
                 planner.update(tree, argmax, asked)
             seconds = timer.take()
-            branch = self._branch(tree, verdict.path)
-            policy.update(self._chain_feedback(tree, verdict, branch, argmax, key, seconds))
+            branch = first_branch(tree, verdict.path)
+            policy.update(chain_feedback(tree, verdict, branch, argmax, key, seconds))
             kept = min(len(accepted), len(new))
             yield Step(
                 new,
@@ -122,41 +144,3 @@ class TreeSpeculative(Strategy):
                        "branches": len(branches), "tree_nodes": tree.nodes,
                        "branch": branch, "siblings_tried": verdict.siblings_tried},
             )
-
-    def _branches(self, committed: list[int], gamma: int, asked: int,
-                  sampler: Sampler) -> tuple[list[Proposal], int | None]:
-        """The drafter's best `asked` branches, cut to the depth the γ policy plans for the
-        best one (a planning policy may decide that no guess pays: then none), and that
-        depth (None when nothing was planned, as in the chain strategy)."""
-        if gamma <= 0:
-            return [], None
-        branches = self.proposer.propose_branches(committed, gamma, asked, sampler)
-        if not (branches and self.policy.plans_guesses):
-            return branches, None
-        depth = self.policy.plan(len(branches[0].tokens), branches[0].extra.get("match"))
-        return [Proposal(b.tokens[:depth], None, extra=b.extra) for b in branches] \
-            if depth else [], depth
-
-    @staticmethod
-    def _branch(tree: DraftTree, path: list[int]) -> int:
-        """The first branch through the accepted path's end (0 without branches)."""
-        end = path[-1]
-        return next((i for i, leaf in enumerate(tree.leaves) if end in tree.path_to(leaf)), 0)
-
-    @staticmethod
-    def _chain_feedback(tree: DraftTree, verdict: TreeVerdict, branch: int,
-                        argmax: list[int], key: int | None, seconds: dict) -> Feedback:
-        """What the first branch alone earned, so the γ policy keeps estimating the α of a
-        chain (its depth plan assumes one) while the planner prices the extra branches.
-        When a later branch won, the first one's run comes from greedy matching against
-        the target's argmax (an estimate when sampling)."""
-        if not tree.leaves:
-            return Feedback(0, 0, False, seconds.get("draft", 0.0), 0, seconds["verify"], key)
-        drafted = len(tree.path_to(tree.leaves[0])) - 1
-        if branch == 0:
-            accepted, rejected = len(verdict.path) - 1, verdict.rejected
-        else:
-            accepted = tree.branch_lengths(argmax)[0]
-            rejected = accepted < drafted
-        return Feedback(drafted, accepted, rejected, seconds.get("draft", 0.0), 0,
-                        seconds["verify"], key)
