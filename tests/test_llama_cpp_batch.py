@@ -5,8 +5,9 @@ fast mode llama.cpp's batched kernels round like any verify; sequences return to
 from __future__ import annotations
 
 import pytest
-from test_llama_cpp import PROMPTS, SMOL, smol  # noqa: F401
+from test_llama_cpp import PROMPTS, SMOL, smol, smol_draft  # noqa: F401
 
+from draftsman.batching import scheduler as scheduler_module
 from draftsman.batching.scheduler import BatchConfig, BatchScheduler
 from draftsman.errors import UnsupportedError
 
@@ -19,9 +20,10 @@ METHODS = [dict(method="autoregressive"),
            dict(method="autoregressive")]
 
 
-def run_batched(engine, requests, chunk=16):
+def run_batched(engine, requests, chunk=16, **options):
     model = engine.target.model
-    scheduler = BatchScheduler(model, BatchConfig(max_batch=len(requests), prefill_chunk=chunk),
+    scheduler = BatchScheduler(model, BatchConfig(max_batch=len(requests), prefill_chunk=chunk,
+                                                  **options),
                                lambda n: 1.0 + 0.05 * (n - 1))
     out = {i: [] for i in range(len(requests))}
     for i, r in enumerate(requests):
@@ -32,8 +34,9 @@ def run_batched(engine, requests, chunk=16):
     while not scheduler.idle:
         scheduler.step()
         shared = max(shared, scheduler.last.requests if scheduler.last else 0)
-    pool = scheduler.new_cache.__self__
-    assert len(pool._free) == pool.sequences  # every sequence went back
+    for take in [scheduler.new_cache, *scheduler._draft_pools.values()]:
+        pool = take.__self__
+        assert len(pool._free) == pool.sequences  # every sequence went back
     return out, shared
 
 
@@ -45,6 +48,26 @@ def test_bitwise_batched_requests_equal_each_alone(smol):  # noqa: F811
     for i, (prompt, method) in enumerate(zip(MORE, METHODS, strict=True)):
         alone = smol.generate(prompt, max_new_tokens=24, **method)
         assert out[i] == alone.token_ids, method
+
+
+def test_requests_sharing_a_llama_cpp_draft_draft_together(smol, smol_draft,  # noqa: F811
+                                                           monkeypatch):
+    """Each request's draft reads and drafts on a sequence of the draft model's own batch
+    context, so one draft forward serves every request drafting with it."""
+    together = []
+    real = scheduler_module.draft_together
+
+    def spy(machines, gammas):
+        together.append(sum(g > 0 for g in gammas))
+        return real(machines, gammas)
+
+    monkeypatch.setattr(scheduler_module, "draft_together", spy)
+    kwargs = dict(method="speculative", draft=smol_draft, gamma=3)
+    requests = [smol.prepare(p, max_new_tokens=16, **kwargs) for p in MORE[:3]]
+    out, shared = run_batched(smol, requests, share_llama_drafts=True)
+    assert shared == 3 and max(together) >= 2  # one draft forward, several requests
+    for i, prompt in enumerate(MORE[:3]):
+        assert out[i] == smol.generate(prompt, max_new_tokens=16, **kwargs).token_ids
 
 
 def test_seeded_sampling_in_a_batch_equals_alone(smol):  # noqa: F811

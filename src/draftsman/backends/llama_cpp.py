@@ -46,7 +46,7 @@ from draftsman.hardware import cpu_flags
 from draftsman.models.base import ALL, Output
 from draftsman.models.config import ModelConfig
 from draftsman.models.protocol import Capabilities
-from draftsman.models.ragged import RaggedCaches
+from draftsman.models.ragged import RaggedCaches, Segment
 
 LIBRARY_ENV = "DRAFTSMAN_LLAMA_CPP"
 MAX_SEQUENCES = 16  # tree leaves one verify may hold
@@ -360,6 +360,11 @@ class LlamaCppLM:
             raise UnsupportedError("layer ranges and hidden states need --backend torch")
         if inputs_embeds is not None or tokens is None:
             raise UnsupportedError("input embeddings need --backend torch")
+        if isinstance(cache, SequenceCache):  # one sequence of a batch context, alone
+            if mask is not None:
+                raise UnsupportedError("a batched llama.cpp forward holds no trees")
+            start = cache.length if start is None else start
+            cache = RaggedCaches([Segment(cache, start, tokens.shape[1])])
         if isinstance(cache, RaggedCaches):
             if mask is not None:
                 raise UnsupportedError("tree masks go in a ragged forward's segments")

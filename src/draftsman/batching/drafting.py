@@ -8,12 +8,16 @@ step of n requests with γ guesses each costs γ draft forwards of about n rows,
 Each request's tokens and draws are those of `DraftModelProposer.propose` alone: the same
 rows reach its own cache (models/ragged.py), it picks with its own sampler in the same
 order, and it stops at the same guess (its γ, or its confidence under `stop_below`).
+
+On llama.cpp a ragged forward needs every sequence in one batch context, so the scheduler
+lends each request drafting with such a model a sequence of that model's own context
+(`lend_draft_caches`, before the drafter starts); its prompt read runs there too.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -24,12 +28,34 @@ from draftsman.strategies.step_machine import SpeculativeSteps
 
 
 def batchable_drafter(machine: SpeculativeSteps) -> bool:
-    """A plain draft-model drafter on a model that can share forwards with caches of its
-    own (a model whose batched caches come from a pool, llama.cpp's, drafts alone)."""
+    """A plain draft-model drafter on a model that can share forwards: with caches of its
+    own (torch), or with a sequence the scheduler lent it from the draft model's shared
+    context (llama.cpp: `lend_draft_caches`); one started on a cache of its own drafts
+    alone."""
     proposer = machine.proposer
-    return (type(proposer) is DraftModelProposer
-            and proposer.model.capabilities.has("ragged_batches")
-            and getattr(proposer.model, "sequence_caches", None) is None)
+    if type(proposer) is not DraftModelProposer \
+            or not proposer.model.capabilities.has("ragged_batches"):
+        return False
+    if getattr(proposer.model, "sequence_caches", None) is None:
+        return True
+    state = proposer.state
+    return (proposer.new_cache is not None if state is None
+            else getattr(state.cache, "pool", None) is not None)
+
+
+def lend_draft_caches(machine: SpeculativeSteps,
+                      pools: dict[int, Callable[[int], object]], sequences: int) -> None:
+    """A request drafting with a model whose batched caches come from a pool (llama.cpp)
+    gets its draft cache from that model's pool of this scheduler (made on first use,
+    `sequences` sequences), so its drafts can share forwards; before its drafter starts."""
+    proposer = machine.proposer
+    model = getattr(proposer, "model", None)
+    take = getattr(model, "sequence_caches", None)
+    if type(proposer) is not DraftModelProposer or take is None or proposer.state is not None:
+        return
+    if id(model) not in pools:
+        pools[id(model)] = take(sequences)
+    proposer.new_cache = pools[id(model)]
 
 
 class _Drafting:

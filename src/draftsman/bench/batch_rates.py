@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", required=True, help="catalogue name or model folder")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--backend", default="torch", choices=["torch", "llama.cpp"])
+    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--parallel", default="1,4,8", help="levels of concurrency")
     p.add_argument("--methods", default=";".join(METHODS), help="';'-separated method specs")
     p.add_argument("--dataset", default="humaneval,mt-bench")
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                for x in load_dataset(name, limit=args.limit)]
     if not prompts:
         raise InvalidArgumentError("the datasets gave no prompts")
-    engine = draftsman.load(args.target, dtype=args.dtype, backend="torch", device=args.device)
+    engine = draftsman.load(args.target, dtype=args.dtype, backend=args.backend,
+                            device=args.device, threads=args.threads)
     rows = rates(engine, prompts, levels, [m for m in args.methods.split(";") if m],
                  args.max_new_tokens, args.rounds, args.out)
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, "

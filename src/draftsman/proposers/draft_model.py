@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from draftsman.models.base import LAST, DecoderLM
+from draftsman.models.protocol import Cache
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler
 from draftsman.state import ModelState
@@ -23,13 +26,18 @@ class DraftModelProposer(Proposer):
     def __init__(self, model: DecoderLM) -> None:
         self.model = model
         self.state: ModelState | None = None
+        # where the draft's cache comes from, when not from the model itself: a batch
+        # scheduler lends a sequence of a shared context (llama.cpp), so that requests
+        # drafting with this model draft together (batching/drafting.py)
+        self.new_cache: Callable[[int], Cache] | None = None
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
         """Read the prompt now, once: a one-time cost like the target's prefill (timed as
         `draft_setup`), which the first guesses must not carry into the cost per guess the
         γ policy learns (a 1,500-token prompt made one guess look 16 target forwards dear
         and switched the draft off for good)."""
-        self.state = ModelState(self.model, capacity)
+        cache = self.new_cache(capacity) if self.new_cache is not None else None
+        self.state = ModelState(self.model, capacity, cache=cache)
         if len(prompt_ids) > 1:  # all but the last: a propose always has a token to feed
             self.state.feed(list(prompt_ids[:-1]), logits_at=None)
 

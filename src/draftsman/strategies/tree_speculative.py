@@ -14,6 +14,9 @@ Committing a path: a cache that can move entries (torch) compacts the path next 
 committed prefix; one that cannot (llama.cpp, whose attention sums cells in storage order)
 keeps only the path's leading nodes that already sit in order -- the first branch is stored
 right after the root -- and feeds the rest again at the start of the next forward.
+
+In a batch the same request runs as a step machine (tree_steps.py, which holds the
+planning and feedback both share), on backends that declare `ragged_trees`.
 """
 
 from __future__ import annotations
