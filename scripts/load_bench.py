@@ -4,8 +4,9 @@
 
 Contestants, each on the same GGUF (the target's Q4_K file) and the same threads:
 - ours, batched: `draftsman serve --dtype q4 --parallel P`, timed with prompt lookup
-  (`gamma=auto`, the load-adaptive controller on) and, on the same server, with speculation
-  off (autoregressive requests);
+  (`gamma=auto`, the load-adaptive controller on), on the same server with speculation
+  off (autoregressive requests) and, with --trees, with prompt-lookup trees
+  (`branches=auto`);
 - ours as before batching: the same with `--no-batch` (one worker thread per request);
 - ours on the llama.cpp backend, batched (one llama_decode per step), prompt lookup;
 - llama.cpp's `llama-server -np P` from the same vendored source (built by
@@ -60,6 +61,9 @@ def main() -> int:
     p.add_argument("--prefill-stall", default="2.0",
                    help="our batched server's --prefill-stall; several (comma separated) start "
                         "one batched server each, labelled by the value (default 2.0)")
+    p.add_argument("--trees", action="store_true",
+                   help="also time tree requests on our batched server (prompt lookup, "
+                        "branches=auto: their trees share the batched forward)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     stalls = [s.strip() for s in args.prefill_stall.split(",") if s.strip()]
@@ -108,8 +112,12 @@ def main() -> int:
         for name, (port, _) in commands.items():
             wait_healthy(f"http://127.0.0.1:{port}", procs[name])
         off = json.dumps({"draftsman": {"method": "autoregressive"}})
+        trees = json.dumps({"draftsman": {"method": "speculative", "draft": "prompt-lookup",
+                                          "gamma": "auto", "branches": "auto"}})
         urls = {"ours-batched": ["ours-batched+lookup=http://127.0.0.1:8101",
-                                 f"ours-batched+plain=http://127.0.0.1:8101#{off}"],
+                                 f"ours-batched+plain=http://127.0.0.1:8101#{off}",
+                                 *([f"ours-batched+trees=http://127.0.0.1:8101#{trees}"]
+                                   if args.trees else [])],
                 "ours-no-batch": ["ours-no-batch+lookup=http://127.0.0.1:8102"],
                 "ours-llama.cpp": ["ours-llama.cpp-batched+lookup=http://127.0.0.1:8104"]}
         for name, (port, _) in commands.items():
