@@ -32,8 +32,7 @@ from draftsman.proposers.prompt_tokens import PromptTokenDraftProposer
 from draftsman.proposers.staged import StagedProposer
 from draftsman.proposers.suffix import SuffixProposer
 from draftsman.sampling import SamplingConfig, probabilities
-from draftsman.strategies import step_machine
-from draftsman.strategies import tree_speculative as tree_module
+from draftsman.strategies import step_machine, tree_steps
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import CostModelGamma, make_policy
 from draftsman.strategies.speculative import Speculative
@@ -230,7 +229,7 @@ def sibling_not_cleared(tokens, children, p, sampler):
 
 
 def test_tree_mutation_is_rejected(models, joints, monkeypatch):
-    monkeypatch.setattr(tree_module, "verify_tree_sampling", sibling_not_cleared)
+    monkeypatch.setattr(tree_steps, "verify_tree_sampling", sibling_not_cleared)
     result = report(check_exact(tree_strategy(models), TREE_PROMPT,
                                 joints[(tuple(TREE_PROMPT), T1)], T1, DRAWS),
                     "mutation: sibling not cleared")

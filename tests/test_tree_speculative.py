@@ -28,7 +28,7 @@ from draftsman.errors import InvalidArgumentError
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.sampling import Sampler, SamplingConfig
-from draftsman.strategies import tree_speculative as tree_module
+from draftsman.strategies import tree_steps
 from draftsman.strategies.autoregressive import Autoregressive
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import make_policy
@@ -155,7 +155,7 @@ def test_broken_tree_rule_is_detected(small_vocab, monkeypatch):
             path.append(children[path[-1]][0])
         return TreeVerdict(path, sampler.draw(p[path[-1]]), False)
 
-    monkeypatch.setattr(tree_module, "verify_tree_sampling", accept_first)
+    monkeypatch.setattr(tree_steps, "verify_tree_sampling", accept_first)
     prompt = [1, 3, 2, 1, 3]
     spec = TreeSpeculative(target, NGramProposer(order=2), make_policy(2, None),
                            BranchPlanner(3))

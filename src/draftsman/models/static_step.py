@@ -73,13 +73,16 @@ class StepInputs:
         values = (getattr(self, f.name) for f in fields(self))
         return tuple(t for t in values if t is not None)
 
-    def to(self, device: torch.device) -> StepInputs:
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> StepInputs:
+        """`fn` applied to every tensor given (`embeds` stays None when it is)."""
         return StepInputs(**{f.name: None if getattr(self, f.name) is None
-                             else getattr(self, f.name).to(device) for f in fields(self)})
+                             else fn(getattr(self, f.name)) for f in fields(self)})
+
+    def to(self, device: torch.device) -> StepInputs:
+        return self.map(lambda t: t.to(device))
 
     def clone(self) -> StepInputs:
-        return StepInputs(**{f.name: None if getattr(self, f.name) is None
-                             else getattr(self, f.name).clone() for f in fields(self)})
+        return self.map(torch.Tensor.clone)
 
 
 def step_inputs(tokens: torch.Tensor, positions: torch.Tensor, start: int,

@@ -205,8 +205,9 @@ class SpeculativeSteps:
 
     def segment(self) -> Segment:
         """This request's part of a ragged forward over `rows()`."""
-        assert self._rows is not None
-        return Segment(self.state.cache, self._rows.start, len(self._rows.tokens))
+        rows = self._rows
+        assert rows is not None
+        return Segment(self.state.cache, rows.start, len(rows.tokens), rows.mask)
 
     def wrote(self) -> None:
         """A ragged forward wrote this request's rows into its cache."""

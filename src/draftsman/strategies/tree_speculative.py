@@ -38,10 +38,11 @@ from draftsman.strategies.tree_steps import (
     chain_feedback,
     first_branch,
     plan_branches,
+    settle_tree,
     tree_room,
 )
 from draftsman.trees.draft_tree import DraftTree
-from draftsman.verification.tree import TreeVerdict, verify_tree_greedy, verify_tree_sampling
+from draftsman.verification.tree import TreeVerdict
 
 
 def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,
@@ -53,18 +54,7 @@ def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,
     branching = any(len(c) > 1 for c in tree.children)
     out = state.forward_rows(pending[:-1] + tree.tokens, lay.offsets + lay.prefix,
                              mask=lay.mask if branching else None, logits_at=lay.node_rows)
-    logits = out.logits[0]  # [C, V]
-    argmax = logits.argmax(-1).tolist()
-    if sampler.greedy:
-        verdict = verify_tree_greedy(tree.tokens, tree.children, argmax)
-    else:
-        verdict = verify_tree_sampling(tree.tokens, tree.children, sampler.probs(logits),
-                                       sampler)
-    path = verdict.path
-    keep = len(path) if state.model.capabilities.exact_tree_keep else DraftTree.contiguous(path)
-    rows = list(range(lay.prefix)) + [lay.prefix + n for n in path[:keep]]
-    state.keep(rows, pending[:-1] + [tree.tokens[n] for n in path[:keep]])
-    return verdict, argmax
+    return settle_tree(state, tree, pending[:-1], out.logits[0], sampler)
 
 
 class TreeSpeculative(Strategy):

@@ -25,9 +25,9 @@ import torch
 from draftsman.core import GenerationConfig, Step
 from draftsman.models.base import DecoderLM
 from draftsman.models.protocol import Cache
-from draftsman.models.ragged import Segment
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler
+from draftsman.state import ModelState
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import Feedback, GammaPolicy
 from draftsman.strategies.step_machine import NO_GUESS, Rows, SpeculativeSteps
@@ -77,6 +77,26 @@ def chain_feedback(tree: DraftTree, verdict: TreeVerdict, branch: int, argmax: l
         rejected = accepted < drafted
     return Feedback(drafted, accepted, rejected, seconds.get("draft", 0.0), 0,
                     seconds["verify"], key)
+
+
+def settle_tree(state: ModelState, tree: DraftTree, prefix_tokens: list[int],
+                logits: torch.Tensor, sampler: Sampler) -> tuple[TreeVerdict, list[int]]:
+    """After a forward wrote [prefix_tokens, tree] as scratch rows after the state's fed
+    tokens: judge the tree on its nodes' logits [C, V] (greedy matching or recursive
+    rejection) and keep the accepted path next to the prefix (a backend without exact
+    tree keeps keeps the path's leading in-order nodes). (verdict, target argmax per node)."""
+    argmax = logits.argmax(-1).tolist()
+    if sampler.greedy:
+        verdict = verify_tree_greedy(tree.tokens, tree.children, argmax)
+    else:
+        verdict = verify_tree_sampling(tree.tokens, tree.children, sampler.probs(logits),
+                                       sampler)
+    path = verdict.path
+    keep = len(path) if state.model.capabilities.exact_tree_keep else DraftTree.contiguous(path)
+    prefix = tree.layout.prefix
+    state.keep(list(range(prefix)) + [prefix + n for n in path[:keep]],
+               prefix_tokens + [tree.tokens[n] for n in path[:keep]])
+    return verdict, argmax
 
 
 class TreeSteps(SpeculativeSteps):
@@ -132,11 +152,6 @@ class TreeSteps(SpeculativeSteps):
         self._rows = rows
         return rows
 
-    def segment(self) -> Segment:
-        rows = self._rows
-        assert rows is not None
-        return Segment(self.state.cache, rows.start, len(rows.tokens), rows.mask)
-
     def wrote(self) -> None:
         assert self._rows is not None
         if self._rows.prefill:
@@ -156,18 +171,9 @@ class TreeSteps(SpeculativeSteps):
         assert tree is not None and logits is not None
         timer.seconds["verify"] = timer.seconds.get("verify", 0.0) + forward_seconds
         with timer("verify"):
-            argmax = logits.argmax(-1).tolist()
-            if self.sampler.greedy:
-                verdict = verify_tree_greedy(tree.tokens, tree.children, argmax)
-            else:
-                verdict = verify_tree_sampling(tree.tokens, tree.children,
-                                               self.sampler.probs(logits), self.sampler)
-            path = verdict.path
-            exact_keep = self.state.model.capabilities.exact_tree_keep
-            keep = len(path) if exact_keep else DraftTree.contiguous(path)
-            prefix = tree.layout.prefix
-            kept = list(range(prefix)) + [prefix + n for n in path[:keep]]
-            self.state.keep(kept, rows.tokens[:prefix] + [tree.tokens[n] for n in path[:keep]])
+            verdict, argmax = settle_tree(self.state, tree, rows.tokens[:tree.layout.prefix],
+                                          logits, self.sampler)
+        path = verdict.path
         accepted = [tree.tokens[n] for n in path[1:]]
         new = self.budget.clip(accepted + [verdict.next_token])
         self.committed += new
