@@ -295,6 +295,13 @@ class Engine:
             self._models[spec] = bundle
         return self._models[spec]
 
+    def warm_up(self) -> None:
+        """Compile and capture every static step of each model loaded so far, now
+        (`StaticModel.warm_up`): before timing or serving. Nothing to do without `static`."""
+        for loaded in self._models.values():
+            if isinstance(loaded.model, StaticModel):
+                loaded.model.warm_up()
+
     def default_draft(self) -> str:
         draft = DEFAULT_DRAFTS.get(self.target.name)
         if draft is None:

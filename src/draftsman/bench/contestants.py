@@ -90,6 +90,12 @@ class DraftsmanContestant(Contestant):
             options={k: v for k, v in config.options},
         )
 
+    def warm_up(self, prompt_ids: list[int], sampling: Sampling, tokens: int) -> None:
+        """Every static step compiled and captured first (a short generation meets only
+        some of them), then the short generation."""
+        self.engine.warm_up()
+        super().warm_up(prompt_ids, sampling, tokens)
+
     def request(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Any:
         return self.engine.prepare(
             list(prompt_ids), method=self.method, max_new_tokens=sampling.max_new_tokens,

@@ -53,7 +53,9 @@ class StaticConfig:
     round_to: int = 1024
     # fuse each step's element-wise kernels with torch.compile (inductor) before capture:
     # on an H200 the 1.5B's step was 3.0 ms, 1.2 ms of it matrix products and the rest
-    # ~1,000 small kernels (gpu-h200/all-families); compiles once per bucket on first use
+    # ~1,000 small kernels (gpu-h200/all-families); compiled 3.1 -> 2.6 ms (compiled-batched).
+    # Two compiles in all (one row, then every other bucket at a dynamic row count); call
+    # `StaticModel.warm_up` to pay them, and every bucket's capture, before timing
     compile: bool = False
 
 
@@ -210,8 +212,11 @@ class StaticModel:
         graphs = self.options.graphs
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
         self._arenas: list[Arena] = []
-        # with --compile, the step as run and captured: one fixed shape per bucket
-        self._compiled = (torch.compile(static_forward, dynamic=False)
+        # with --compile, the step as run and captured. dynamic=None: the one-row step is
+        # compiled for its shape, the first other bucket recompiles with the row count
+        # symbolic and serves every later bucket and cache size. dynamic=False compiled each
+        # bucket anew (~28 s each on an H200's host), inside timed runs (compiled-batched)
+        self._compiled = (torch.compile(static_forward, dynamic=None)
                           if self.options.compile else None)
 
     def __getattr__(self, name: str):
@@ -225,6 +230,22 @@ class StaticModel:
         return replace(self.model.capabilities, backend=backend,
                        layer_ranges=False, input_embeddings=True, ragged_batches=False,
                        ragged_trees=False)
+
+    def warm_up(self, capacity: int | None = None) -> None:
+        """Compile (with `compile`) and capture (on CUDA) every bucket's step now, on an arena
+        of `capacity` (default: the smallest) that later requests of that size reuse: what a
+        server does at start-up and a benchmark before timing. Nothing to do for plain static
+        steps on the CPU. Writes only the scratch arena, whose stale contents are never seen."""
+        if not (self.graphs or self.options.compile):
+            return
+        cache = self.new_cache(capacity or self.options.round_to - max(self.options.buckets))
+        device = cache.k.device
+        # tables a model builds on first use (RoPE's) built first: a compile guards on them
+        self.model.layer_context(torch.zeros(1, 1, dtype=torch.long, device=device))
+        for bucket in self.options.buckets:
+            tokens = torch.zeros(1, bucket, dtype=torch.long, device=device)
+            self(tokens, torch.arange(bucket, device=device)[None], cache, start=0,
+                 logits_at=None)
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         """A cache of at least `capacity` + max(buckets) slots, on a free arena if one is
