@@ -248,20 +248,17 @@ def test_exact_with_a_long_context_on_default_pair(pair):
     ids = pair.encode_prompt(text)
     assert len(ids) > 512
     ref = pair.generate(ids, max_new_tokens=32)
-    for options in ({"draft": DRAFT, "gamma": 3}, {"draft": "prompt-lookup", "gamma": "auto"},
+    for options in ({"draft": DRAFT, "gamma": 3},
                     {"draft": "prompt-lookup", "gamma": 4, "branches": 3}):
         got = pair.generate(ids, max_new_tokens=32, method="speculative", **options)
         assert got.token_ids == ref.token_ids, options
 
 
-def test_every_exact_strategy_equals_autoregressive_on_default_pair(pair):
+def test_draft_tree_and_staged_equal_autoregressive_on_default_pair(pair):
+    """The default pair, bitwise: a draft model, a tree and a staged cascade. Every drafter
+    and γ rule (adaptive γ, trees of auto width) is checked on SmolLM2 above, in seconds."""
     runs = [
         ("speculative", {"draft": DRAFT, "gamma": 4}),
-        # adaptive γ from the acceptance rate: with gamma=auto alone the cost policy rightly
-        # drafts nothing here (bitwise verify costs grow with every row, so no γ pays off)
-        ("speculative", {"draft": DRAFT, "gamma": "auto", "gamma_policy": "acceptance"}),
-        ("speculative", {"draft": "ngram", "gamma": "auto"}),
-        ("speculative", {"draft": "prompt-lookup", "gamma": 2}),
         ("speculative", {"draft": "ngram", "gamma": 3, "branches": 3}),
         ("staged", {"draft": DRAFT, "subdraft": "prompt-lookup"}),
     ]
@@ -405,7 +402,6 @@ def test_bitwise_mode_is_declared(smol):
 def test_fast_mode_is_exact_above_the_margin_bound(fast_pair):
     check_exact_above_margin(fast_pair, [
         ("speculative", {"draft": "prompt-lookup", "gamma": 4}),
-        ("speculative", {"draft": "ngram", "gamma": 3}),
         ("speculative", {"draft": DRAFT, "gamma": 4}),
     ], tokens=40)
 
