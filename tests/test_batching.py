@@ -32,6 +32,7 @@ from draftsman.core import GenerationConfig
 from draftsman.errors import UnsupportedError
 from draftsman.models.ragged import RaggedCaches, Segment
 from draftsman.models.static_step import StaticModel
+from draftsman.proposers.base import Proposal
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
@@ -117,6 +118,50 @@ def test_controller_by_hand():
     assert allocate([Offer([0.9] * 8)] * 4, 4, 4.0, lambda n: float(n)) == [0, 0, 0, 0]
     # a flat curve keeps every guess
     assert allocate([Offer([0.9] * 3)] * 2, 2, 2.0, lambda n: 1.0) == [3, 3]
+    # a step bounded at 1.75 one-row forwards: v(2 + k) <= 1.75 keeps k <= 2 of A's
+    assert allocate([Offer([0.9] * 8), Offer([0.2] * 8)], 2, 2.0, cost, 1.75) == [2, 0]
+    assert allocate([Offer([0.9] * 8), Offer([0.2] * 8)], 2, 2.0, cost, 2.5) == [5, 0]
+
+
+class Eager(NGramProposer):
+    """Proposes every guess it is asked for (token 7): wrong guesses stay exact."""
+
+    def propose(self, committed, gamma, sampler, stop_below=None):
+        return Proposal([7] * gamma, None)
+
+
+def test_guesses_keep_a_shared_step_within_its_bound(pair, monkeypatch):
+    """Two requests that let the controller choose, each guess valued at 0.95, on
+    v(n) = 1 + 0.1 (n - 1): with prefill_stall 1.2 no step where both decode runs more than 4
+    rows (v(4) = 1.3 <= 1.2 v(2) = 1.32), and each output is still its own alone; with a
+    loose bound the same requests verify more (the bound is what cut them)."""
+    target, _ = pair
+    monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None: n)
+    monkeypatch.setattr(step_machine.SpeculativeSteps, "guess_acceptance", lambda self: 0.95)
+
+    def make():
+        policy = make_policy("auto", None, 6)
+        policy.calibrate({n: 1 + 0.1 * (n - 1) for n in range(1, 40)})
+        return Speculative(target, Eager(order=2), policy)
+
+    config = GenerationConfig(12, SamplingConfig())
+    widest = {}
+    for stall in (1.2, 10.0):
+        scheduler = BatchScheduler(target, BatchConfig(max_batch=2, prefill_stall=stall),
+                                   lambda n: 1 + 0.1 * (n - 1))
+        got = {i: [] for i in range(2)}
+        for i, prompt in enumerate(PROMPTS[:2]):
+            scheduler.submit(make().steps(prompt, config),
+                             lambda s, out=got[i]: out.extend(s.tokens))
+        rows = []
+        while not scheduler.idle:
+            scheduler.step()
+            if len(scheduler.last.gammas) == 2:  # both decoding
+                rows.append(scheduler.last.rows)
+        widest[stall] = max(rows)
+        for i, prompt in enumerate(PROMPTS[:2]):
+            assert got[i] == alone(make, prompt, config)
+    assert widest[1.2] <= 4 < widest[10.0]
 
 
 # ------------------------------------------------------------------ greedy identity

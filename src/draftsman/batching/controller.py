@@ -10,7 +10,9 @@ drafters, one draft forward per guess for a draft model). The step commits in ex
 
     E = base_tokens + sum of the chosen g_ri,   for   cost = v(base_rows + chosen) + sum c_r,
 
-and the controller keeps the set of guesses maximising E / cost. Within a request the
+and the controller keeps the set of guesses maximising E / cost, among the sets whose cost
+stays within the step's bound (the scheduler's `prefill_stall`: every request waits for the
+whole step, so one request's guesses are the others' inter-token latency). Within a request the
 g_ri shrink with i, so the best set of any size is the guesses with the largest g: sorting
 them once and trying every prefix finds the optimum. With one request this is exactly the
 cost-model γ (strategies/gamma.py `_best_gamma`); with many, guesses only pay where v stays
@@ -42,21 +44,25 @@ def expected_gains(acceptance: Sequence[float]) -> list[float]:
 
 
 def allocate(offers: Sequence[Offer], base_rows: int, base_tokens: float,
-             row_cost: Callable[[int], float]) -> list[int]:
+             row_cost: Callable[[int], float], max_cost: float | None = None) -> list[int]:
     """How many of each offer's guesses to verify: the counts maximising expected tokens per
     unit of step cost (module docstring). `row_cost(n)` is v(n), the cost of a forward over
     n rows relative to one row; `base_rows` the rows the step runs anyway (pending tokens,
-    prompt chunks), `base_tokens` the tokens they commit."""
+    prompt chunks), `base_tokens` the tokens they commit. With `max_cost`, no set of guesses
+    whose step (forward and drafting) would cost more is chosen."""
     candidates = sorted(
         ((gain, i, offer.guess_cost) for i, offer in enumerate(offers)
          for gain in expected_gains(offer.acceptance)),
         key=lambda c: -c[0])
     best_k, best_rate = 0, base_tokens / row_cost(max(base_rows, 1))
     tokens, drafting = base_tokens, 0.0
-    for k, (gain, _, cost) in enumerate(candidates, start=1):
+    for k, (gain, _, guess_cost) in enumerate(candidates, start=1):
         tokens += gain
-        drafting += cost
-        rate = tokens / (row_cost(base_rows + k) + drafting)
+        drafting += guess_cost
+        step = row_cost(base_rows + k) + drafting
+        if max_cost is not None and step > max_cost:
+            break  # longer prefixes cost more still
+        rate = tokens / step
         if rate > best_rate:
             best_k, best_rate = k, rate
     counts = [0] * len(offers)

@@ -4,7 +4,8 @@ Each `step()`:
 1. requests that joined since the last step become active (up to `max_batch`);
 2. every decoding request proposes its guesses (possibly none); with two or more decoding,
    the controller (controller.py) trims the guesses of requests that let it choose
-   (`gamma=auto`) to what pays for the whole step on this machine's cost curve;
+   (`gamma=auto`) to what pays for the whole step on this machine's cost curve, within
+   the step's bound (`prefill_stall`: one request's guesses are the others' latency);
 3. one prompting request reads a chunk of its prompt (`prefill_chunk` tokens), so a long
    prompt never stalls the others for more than one chunk's forward per step;
 4. one ragged forward (models/ragged.py) runs every row: pending tokens, guesses, the chunk;
@@ -40,8 +41,11 @@ class BatchConfig:
     max_batch: int = 4  # requests decoding together (the server's --parallel)
     prefill_chunk: int = 128  # prompt tokens one request reads per step
     adaptive: bool = True  # the controller may trim `gamma=auto` requests' guesses
-    # while others decode, a prompt chunk is cut so the step costs at most this many times
-    # the step without it (the stall every decoding request feels); alone, whole chunks
+    # while two or more requests share a step, its rows beyond one per decoding request (a
+    # prompt chunk first, then the guesses the controller chooses) are cut so the step costs
+    # at most this many times those rows alone: the stall each request feels from the others
+    # (its inter-token latency). A prompt with nobody decoding reads whole chunks; one request
+    # alone guesses as its own policy says; fixed-γ requests are not trimmed
     prefill_stall: float = 2.0
     # llama.cpp draft models draft together on sequences of one batch context; off by
     # default: with the 0.5B draft (Q5_0) on an AMX Xeon, 4 requests ran 0.94x the speed
@@ -295,7 +299,9 @@ class BatchScheduler:
             offers.append(Offer([m.guess_acceptance()] * k, m.guess_cost()))
         fixed_rows = sum(len(t.machine.proposal.tokens) for t in decoding
                          if not t.machine.drafts_with_model and t not in chosen)
-        counts = allocate(offers, base_rows + fixed_rows, float(len(decoding)), self.row_cost)
+        bound = self.config.prefill_stall * self.row_cost(len(decoding))
+        counts = allocate(offers, base_rows + fixed_rows, float(len(decoding)), self.row_cost,
+                          bound)
         for t, n in zip(chosen, counts, strict=True):
             if t.machine.drafts_with_model:
                 t.machine.gamma_cap = n

@@ -77,10 +77,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="prompt tokens a new request reads per step while the others "
                         "decode (default: 128)")
     p.add_argument("--prefill-stall", type=float, default=2.0,
-                   help="while others decode, a prompt chunk is cut so that a step costs at "
-                        "most this many times the step without it, on this machine's "
-                        "measured cost curve (default: 2.0; larger: faster first tokens, "
-                        "longer pauses for the others)")
+                   help="while two or more requests share a step, a joining prompt's chunk "
+                        "and then the guesses are cut so the step costs at most this many "
+                        "times one row per decoding request, on this machine's measured cost "
+                        "curve (default: 2.0; larger: faster first tokens and more guesses, "
+                        "longer pauses between the others' tokens)")
     p.add_argument("--max-kv-tokens", type=int, default=None,
                    help="KV cache slots all admitted requests may reserve together (prompt "
                         "+ max_tokens + 18 each); beyond it, 429 (default: --parallel x the "
