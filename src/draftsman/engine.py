@@ -165,12 +165,10 @@ def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
     """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name.
 
     backend "torch" runs our own models/ in `dtype` on `device` (auto, cpu, cuda[:N]);
-    "llama.cpp" runs the model's GGUF on llama.cpp (its own quantisation; `dtype` is
-    ignored; CPU only), so it needs a catalogue name or a .gguf file. The folder is used for
-    the config and tokenizer either way. `numerics` ("fast" or "bitwise") is llama.cpp's
-    feeding mode (backends/llama_cpp.py). `static` (torch only): short forwards run at fixed
-    shapes, as CUDA graphs on a GPU (models/static_step.py).
-    """
+    "llama.cpp" runs the model's GGUF on llama.cpp (its own quantisation; `dtype` ignored;
+    CPU only), so it needs a catalogue name or a .gguf file; the folder gives the config and
+    tokenizer either way. `numerics` ("fast" or "bitwise"): llama.cpp's feeding mode
+    (backends/llama_cpp.py). `static` (torch only): models/static_step.py."""
     from draftsman.store.resolve import resolve_gguf, resolve_model
 
     check_backend(backend, numerics)
@@ -296,11 +294,9 @@ class Engine:
         return self._models[spec]
 
     def warm_up(self) -> None:
-        """Compile and capture every static step of each model loaded so far, now
-        (`StaticModel.warm_up`): before timing or serving. Nothing to do without `static`."""
-        for loaded in self._models.values():
-            if isinstance(loaded.model, StaticModel):
-                loaded.model.warm_up()
+        """Compile and capture each loaded model's static steps now (StaticModel.warm_up)."""
+        for model in (m.model for m in self._models.values() if isinstance(m.model, StaticModel)):
+            model.warm_up()
 
     def default_draft(self) -> str:
         draft = DEFAULT_DRAFTS.get(self.target.name)
@@ -458,11 +454,10 @@ def load(
     on a machine without a CUDA GPU when the models have a GGUF, `dtype` is bf16 (None
     means bf16) and llama.cpp runs every one of `methods` ((name, options) pairs you mean
     to run; none: the default method, which runs on both); else torch, in `dtype`.
-    `engine.backend_reason` says why. `device`:
-    auto (the GPU when torch sees one, else the CPU), cpu, cuda or cuda:N; a GPU that is
-    not there is a DeviceError. `static`: fixed-shape decode and verify steps, replayed as
-    CUDA graphs on a GPU (torch only; `backend="auto"` then means torch); a StaticConfig
-    sets their options (`StaticConfig(compile=True)`: fused by torch.compile)."""
+    `engine.backend_reason` says why. `device`: auto (the GPU when torch sees one, else the
+    CPU), cpu, cuda or cuda:N; a GPU that is not there is a DeviceError. `static`: fixed-shape
+    decode and verify steps, CUDA graphs on a GPU (torch only; `backend="auto"` then means
+    torch); a StaticConfig sets their options (`compile=True`: fused by torch.compile)."""
     check_backend(backend, numerics)
     if static and backend == AUTO:
         backend = "torch"
