@@ -29,14 +29,15 @@ def qwen_small_fp32():
 
 
 def test_greedy_matches_transformers_on_converted_folder(qwen_small_fp32):
-    """The converted folder loads in transformers, and both produce the same 32 tokens."""
+    """The converted folder loads in transformers, and both produce the same 32 tokens (a
+    code and a chat prompt)."""
     import transformers
 
     engine = qwen_small_fp32
     hf = transformers.AutoModelForCausalLM.from_pretrained(engine.target.folder,
                                                            dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(engine.target.folder)
-    for prompt in PROMPTS:
+    for prompt in PROMPTS[:2]:
         ids = engine.encode_prompt(prompt)
         hf_ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
                                          add_generation_prompt=True, tokenize=True)
