@@ -61,6 +61,9 @@ def main() -> int:
     p.add_argument("--prefill-stall", default="2.0",
                    help="our batched server's --prefill-stall; several (comma separated) start "
                         "one batched server each, labelled by the value (default 2.0)")
+    p.add_argument("--bound-guesses", action="store_true",
+                   help="each batched server also bounds its shared steps' guesses at its "
+                        "--prefill-stall value (serve --max-step-cost)")
     p.add_argument("--trees", action="store_true",
                    help="also time tree requests on our batched server (prompt lookup, "
                         "branches=auto: their trees share the batched forward)")
@@ -75,10 +78,12 @@ def main() -> int:
     on_llama = list(serve)
     on_llama[on_llama.index("torch")] = "llama.cpp"
     del on_llama[on_llama.index("--dtype"):on_llama.index("--dtype") + 2]
+    def stall(v: str) -> list[str]:
+        return ["--prefill-stall", v] + (["--max-step-cost", v] if args.bound_guesses else [])
+
     commands = {
-        "ours-batched": (8101, serve + ["--port", "8101", "--prefill-stall", stalls[0]]),
-        **{f"ours-batched@stall{v}": (8111 + i, serve + ["--port", str(8111 + i),
-                                                         "--prefill-stall", v])
+        "ours-batched": (8101, serve + ["--port", "8101", *stall(stalls[0])]),
+        **{f"ours-batched@stall{v}": (8111 + i, serve + ["--port", str(8111 + i), *stall(v)])
            for i, v in enumerate(stalls[1:])},
         "ours-no-batch": (8102, serve + ["--port", "8102", "--no-batch"]),
         "ours-llama.cpp": (8104, on_llama + ["--port", "8104"]),

@@ -133,8 +133,8 @@ class Eager(NGramProposer):
 def test_guesses_keep_a_shared_step_within_its_bound(pair, monkeypatch):
     """Two requests that let the controller choose, each guess valued at 0.95, on
     v(n) = 1 + 0.1 (n - 1): with prefill_stall 1.2 no step where both decode runs more than 4
-    rows (v(4) = 1.3 <= 1.2 v(2) = 1.32), and each output is still its own alone; with a
-    loose bound the same requests verify more (the bound is what cut them)."""
+    rows (v(4) = 1.3 <= 1.2 v(2) = 1.32), and each output is still its own alone; with no
+    bound (the default) the same requests verify more (the bound is what cut them)."""
     target, _ = pair
     monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None: n)
     monkeypatch.setattr(step_machine.SpeculativeSteps, "guess_acceptance", lambda self: 0.95)
@@ -146,8 +146,8 @@ def test_guesses_keep_a_shared_step_within_its_bound(pair, monkeypatch):
 
     config = GenerationConfig(12, SamplingConfig())
     widest = {}
-    for stall in (1.2, 10.0):
-        scheduler = BatchScheduler(target, BatchConfig(max_batch=2, prefill_stall=stall),
+    for bound in (1.2, None):
+        scheduler = BatchScheduler(target, BatchConfig(max_batch=2, max_step_cost=bound),
                                    lambda n: 1 + 0.1 * (n - 1))
         got = {i: [] for i in range(2)}
         for i, prompt in enumerate(PROMPTS[:2]):
@@ -158,10 +158,10 @@ def test_guesses_keep_a_shared_step_within_its_bound(pair, monkeypatch):
             scheduler.step()
             if len(scheduler.last.gammas) == 2:  # both decoding
                 rows.append(scheduler.last.rows)
-        widest[stall] = max(rows)
+        widest[bound] = max(rows)
         for i, prompt in enumerate(PROMPTS[:2]):
             assert got[i] == alone(make, prompt, config)
-    assert widest[1.2] <= 4 < widest[10.0]
+    assert widest[1.2] <= 4 < widest[None]
 
 
 # ------------------------------------------------------------------ greedy identity

@@ -39,6 +39,7 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 import draftsman
 from draftsman.cli import serve_cmd
 from draftsman.core import Step
+from draftsman.errors import InvalidArgumentError
 from draftsman.server import ServerSettings, create_app
 from draftsman.strategies import registry
 from draftsman.strategies.base import Strategy
@@ -757,6 +758,10 @@ def test_serve_arguments_and_default_method():
     assert serve_cmd.default_method(args) == ("default", {"gamma": "auto"})
     args = parser.parse_args(["serve", "--method", "autoregressive"])
     assert serve_cmd.default_method(args) == ("autoregressive", {})
+    assert args.max_step_cost is None  # guesses unbounded unless asked
+    for flag in ("--prefill-stall", "--max-step-cost"):
+        with pytest.raises(InvalidArgumentError, match=f"{flag} must be >= 1"):
+            serve_cmd._check_limits(parser.parse_args(["serve", flag, "0.5"]))
 
 
 def free_port() -> int:

@@ -4,8 +4,8 @@ Each `step()`:
 1. requests that joined since the last step become active (up to `max_batch`);
 2. every decoding request proposes its guesses (possibly none); with two or more decoding,
    the controller (controller.py) trims the guesses of requests that let it choose
-   (`gamma=auto`) to what pays for the whole step on this machine's cost curve, within
-   the step's bound (`prefill_stall`: one request's guesses are the others' latency);
+   (`gamma=auto`) to what pays for the whole step on this machine's cost curve (within
+   `max_step_cost`, when set: one request's guesses are the others' latency);
 3. one prompting request reads a chunk of its prompt (`prefill_chunk` tokens), so a long
    prompt never stalls the others for more than one chunk's forward per step;
 4. one ragged forward (models/ragged.py) runs every row: pending tokens, guesses, the chunk;
@@ -41,12 +41,14 @@ class BatchConfig:
     max_batch: int = 4  # requests decoding together (the server's --parallel)
     prefill_chunk: int = 128  # prompt tokens one request reads per step
     adaptive: bool = True  # the controller may trim `gamma=auto` requests' guesses
-    # while two or more requests share a step, its rows beyond one per decoding request (a
-    # prompt chunk first, then the guesses the controller chooses) are cut so the step costs
-    # at most this many times those rows alone: the stall each request feels from the others
-    # (its inter-token latency). A prompt with nobody decoding reads whole chunks; one request
-    # alone guesses as its own policy says; fixed-γ requests are not trimmed
+    # while others decode, a prompt chunk is cut so the step costs at most this many times
+    # the step without it (the stall every decoding request feels); alone, whole chunks
     prefill_stall: float = 2.0
+    # with two or more decoding, the controller's guesses are cut so the step (chunk and
+    # guesses) costs at most this many times one row per decoding request: a bound on each
+    # one's inter-token latency. None: guesses as the cost model says. Off by default: at 2.0
+    # on an AMX Xeon it cut 4 users' speculative gain to nothing (load-amx-step-bound)
+    max_step_cost: float | None = None
     # llama.cpp draft models draft together on sequences of one batch context; off by
     # default: with the 0.5B draft (Q5_0) on an AMX Xeon, 4 requests ran 0.94x the speed
     # of drafting each alone (bench-results/llama-cpp-draft-batching)
@@ -299,7 +301,8 @@ class BatchScheduler:
             offers.append(Offer([m.guess_acceptance()] * k, m.guess_cost()))
         fixed_rows = sum(len(t.machine.proposal.tokens) for t in decoding
                          if not t.machine.drafts_with_model and t not in chosen)
-        bound = self.config.prefill_stall * self.row_cost(len(decoding))
+        most = self.config.max_step_cost
+        bound = None if most is None else most * self.row_cost(len(decoding))
         counts = allocate(offers, base_rows + fixed_rows, float(len(decoding)), self.row_cost,
                           bound)
         for t, n in zip(chosen, counts, strict=True):

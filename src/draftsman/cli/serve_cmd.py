@@ -77,11 +77,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="prompt tokens a new request reads per step while the others "
                         "decode (default: 128)")
     p.add_argument("--prefill-stall", type=float, default=2.0,
-                   help="while two or more requests share a step, a joining prompt's chunk "
-                        "and then the guesses are cut so the step costs at most this many "
-                        "times one row per decoding request, on this machine's measured cost "
-                        "curve (default: 2.0; larger: faster first tokens and more guesses, "
-                        "longer pauses between the others' tokens)")
+                   help="while others decode, a prompt chunk is cut so that a step costs at "
+                        "most this many times the step without it, on this machine's "
+                        "measured cost curve (default: 2.0; larger: faster first tokens, "
+                        "longer pauses for the others)")
+    p.add_argument("--max-step-cost", type=float, default=None,
+                   help="with two or more requests decoding, cut the guesses so a step costs "
+                        "at most this many times one row per request: a bound on the pause "
+                        "between each one's tokens, paid in throughput (default: none)")
     p.add_argument("--max-kv-tokens", type=int, default=None,
                    help="KV cache slots all admitted requests may reserve together (prompt "
                         "+ max_tokens + 18 each); beyond it, 429 (default: --parallel x the "
@@ -121,6 +124,8 @@ def _check_limits(args: argparse.Namespace) -> None:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be >= 1")
     if args.prefill_stall < 1:
         raise InvalidArgumentError("--prefill-stall must be >= 1")
+    if args.max_step_cost is not None and args.max_step_cost < 1:
+        raise InvalidArgumentError("--max-step-cost must be >= 1")
     if args.max_kv_tokens is not None and args.max_kv_tokens < 1:
         raise InvalidArgumentError("--max-kv-tokens must be >= 1")
     if args.history_tokens < 0:
@@ -187,7 +192,7 @@ def build_app(args: argparse.Namespace, engine_thread: EngineThread | None = Non
         default_draft=main_draft, api_keys=api_keys(args),
         history_tokens=args.history_tokens, batch=not args.no_batch,
         prefill_chunk=args.prefill_chunk, prefill_stall=args.prefill_stall,
-        max_kv_tokens=args.max_kv_tokens,
+        max_step_cost=args.max_step_cost, max_kv_tokens=args.max_kv_tokens,
         adaptive=not args.fixed_gamma_under_load)
     logging.getLogger("draftsman.server").info(
         "%d API key(s); history of up to %d tokens", len(settings.api_keys),
