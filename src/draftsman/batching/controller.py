@@ -12,11 +12,12 @@ drafters, one draft forward per guess for a draft model). The step commits in ex
 
 and the controller keeps the set of guesses maximising E / cost, among the sets whose cost
 stays within the step's bound when one is set (the scheduler's `max_step_cost`: every
-request waits for the whole step, so one request's guesses are the others' latency).
-Within a request the g_ri shrink with i, so the best set of any size is the guesses with
-the largest g: sorting them once and trying every prefix finds the optimum. With one request this is exactly the
-cost-model γ (strategies/gamma.py `_best_gamma`); with many, guesses only pay where v stays
-flat, and on a machine where it grows linearly they are turned off under load.
+request waits for the whole step, so one request's guesses are the others' latency). Within
+a request the g_ri shrink with i, so the best set of any size is the guesses with the
+largest g: sorting them once and trying every prefix finds the optimum. With one request
+this is exactly the cost-model γ (strategies/gamma.py `_best_gamma`); with many, guesses
+only pay where v stays flat, and on a machine where it grows linearly they are turned off
+under load.
 """
 
 from __future__ import annotations
