@@ -98,11 +98,33 @@ class Check:
     def draftsman(self, *args: object, name: str, timeout: float) -> bool:
         return self.run([sys.executable, "-m", "draftsman", *args], name, timeout)
 
+    @staticmethod
+    def is_result(path: Path) -> bool:
+        """What the pack carries back; weights, wheels and the store stay behind."""
+        return path.name.startswith("bench-") or path.suffix in (".json", ".log", ".md")
+
+    def set_aside_other_results(self, tree: str) -> None:
+        """Results in WORK from another commit (an earlier session's lease on the same host
+        left breakdowns of a 2-layer model in /tmp: compiled-batched) move to WORK/earlier/,
+        out of the pack; a later call at the same commit keeps and packs the earlier ones."""
+        stamp = self.work / "tree.txt"
+        if stamp.is_file() and stamp.read_text().strip() == tree:
+            return
+        stale = [p for p in self.work.iterdir() if self.is_result(p)]
+        if stale:
+            aside = self.work / "earlier"
+            shutil.rmtree(aside, ignore_errors=True)
+            aside.mkdir()
+            for path in stale:
+                path.rename(aside / path.name)
+            self.log(f"  {len(stale)} result(s) of another commit moved to {aside}, not packed")
+        stamp.write_text(tree + "\n")
+
     def pack(self) -> None:
         with tarfile.open(self.out / "gpu-check.tar.gz", "w:gz") as tar:
             for path in sorted(self.work.iterdir()):
-                if path.name.startswith("bench-") or path.suffix in (".json", ".log", ".md"):
-                    tar.add(path, arcname=path.name)  # weights, wheels, store stay behind
+                if self.is_result(path):
+                    tar.add(path, arcname=path.name)
         summary = self.work / "summary.md"
         if summary.is_file():
             shutil.copy2(summary, self.out / "summary.md")
@@ -304,6 +326,7 @@ class Check:
             return 2
         self.log(f"gpu-check: stages {', '.join(stages)} ({'dry run' if self.dry else 'GPU'})")
         end = time.monotonic() + self.args.budget
+        self.set_aside_other_results(tree_id())
         self.install()
         for stage in stages:
             t0 = time.monotonic()
@@ -324,6 +347,15 @@ class Check:
             (self.work / "status.json").write_text(json.dumps(self.status, indent=2) + "\n")
             self.pack()
         return 0 if all(v == "ok" for v in self.status.values()) else 1
+
+
+def tree_id() -> str:
+    """The commit this check runs at (HEAD; a new session's calls are on a new one)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=30).stdout.strip() or "no-git"
+    except (OSError, subprocess.TimeoutExpired):
+        return "no-git"
 
 
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -153,3 +153,26 @@ def test_a_random_folder_of_other_shapes_is_drawn_again(tmp_path: Path) -> None:
     folder = check.random_folder("m", small, 0)
     assert gpu_check.same_config(folder, small)
     assert gpu_check.same_config(check.random_folder("m", large, 0), large)
+
+
+def test_results_of_another_commit_are_set_aside_not_packed(tmp_path: Path) -> None:
+    """WORK outlives a lease on some hosts: results left there at another commit stay out of
+    the pack (moved to WORK/earlier); a later call at the same commit keeps its earlier ones."""
+    gpu_check = _gpu_check_module()
+    args = gpu_check.main.__globals__["argparse"].Namespace(
+        dry_run=True, work=tmp_path / "work", out=tmp_path / "out", carry=tmp_path / "carry",
+        limits="", quick=False)
+    check = gpu_check.Check(args)
+    (check.work / "breakdown-1.5b-1.md").write_text("a 2-layer model's step\n")
+    (check.work / "models").mkdir()
+    check.set_aside_other_results("abc")
+    check.pack()
+    with tarfile.open(check.out / "gpu-check.tar.gz") as tar:
+        assert "breakdown-1.5b-1.md" not in tar.getnames()
+    assert (check.work / "earlier" / "breakdown-1.5b-1.md").is_file()
+    assert (check.work / "models").is_dir()  # drawn models stay: same_config checks them
+    (check.work / "bench-random").mkdir()
+    check.set_aside_other_results("abc")  # the next call of the same session
+    check.pack()
+    with tarfile.open(check.out / "gpu-check.tar.gz") as tar:
+        assert "bench-random" in tar.getnames()
