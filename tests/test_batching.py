@@ -256,6 +256,74 @@ def test_batched_trees_equal_each_request_alone(pair):
     assert sum(s.accepted for i in (0, 1) for s in steps[i]) > 5
 
 
+def auto_tree(target, curve):
+    """A three-branch n-gram tree whose depth the cost model plans (the controller may trim
+    it), on cost curve `curve`."""
+    policy = make_policy("auto", None, 4)
+    policy.calibrate(curve)
+    return TreeSpeculative(target, NGramProposer(order=2), policy, BranchPlanner(3))
+
+
+@pytest.mark.parametrize("slope", [0.0, 1.0])
+def test_trees_under_load_are_trimmed_by_the_controller(pair, monkeypatch, slope):
+    """Beside another request, a tree that lets the controller choose is priced as its first
+    branch: on a flat curve (every guess valued 0.95) the whole tree stays, where every row
+    costs a forward the controller cuts it to nothing (the tree's own policy, calibrated
+    flat, would guess). Either way each output is its own alone (greedy)."""
+    target, draft = pair
+    monkeypatch.setattr(step_machine.SpeculativeSteps, "guess_acceptance", lambda self: 0.95)
+    curve = {n: 1 + slope * (n - 1) for n in range(1, 80)}
+    flat = {n: 1.0 for n in range(1, 80)}
+    makers = [lambda: auto_tree(target, flat), factories(target, draft)[2]]
+    assert makers[0]().steps([1, 2], GenerationConfig(4)).adaptive
+    prompts = [[5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6], [7, 3, 7, 4, 7, 3, 7, 4, 7]]
+    config = GenerationConfig(16, SamplingConfig())
+    # prompts read whole (a large stall), so both decode together from the start
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=2, prefill_stall=100.0),
+                               lambda n: curve[n])
+    got, steps = {0: [], 1: []}, []
+    for i, (make, prompt) in enumerate(zip(makers, prompts, strict=True)):
+        scheduler.submit(make().steps(prompt, config),
+                         lambda s, i=i: (got[i].extend(s.tokens), i or steps.append(s)))
+    shared = []
+    while not scheduler.idle:
+        scheduler.step()
+        if len(scheduler.last.gammas) == 2:
+            shared.append(scheduler.last.guesses)
+    for i, (make, prompt) in enumerate(zip(makers, prompts, strict=True)):
+        assert got[i] == alone(make, prompt, config), i
+    if slope:
+        assert shared and not any(shared)  # no guess paid: none verified while both decoded
+    else:
+        assert any(s.extra.get("branches", 0) >= 2 for s in steps)  # whole trees kept
+
+
+class ThreeBranches(NGramProposer):
+    """Three fixed branches of `gamma` guesses each (any guesses verify exactly)."""
+
+    def propose_branches(self, committed, gamma, branches, sampler):
+        return [Proposal([7 + b] * gamma, None) for b in range(min(branches, 3))]
+
+
+def test_a_trimmed_tree_is_its_first_branchs_chain(pair, monkeypatch):
+    target, _ = pair
+    monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None: n)
+    tree = auto_tree(target, {n: 1.0 for n in range(1, 80)})
+    tree.proposer = ThreeBranches(order=2)
+    machine = tree.steps([5, 6, 7, 5, 6, 8], GenerationConfig(8))
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=1))
+    scheduler.submit(machine)
+    scheduler.step()  # the prompt
+    machine.propose()
+    first = list(machine._branches[0].tokens)
+    assert len(machine._branches) >= 2 and machine.offered() == len(first) >= 2
+    machine.trim(len(first))  # all of the first branch: the whole tree stays
+    assert len(machine._branches) >= 2
+    machine.trim(1)
+    assert machine.proposal.tokens == first[:1] and machine.offered() == 1
+    assert machine.rows().mask is None  # a chain
+
+
 def test_a_tree_on_a_backend_without_ragged_trees_runs_alone(pair):
     target, _ = pair
     tree = tree_request(target, NGramProposer(order=2), 2)

@@ -297,8 +297,7 @@ class BatchScheduler:
         offers = []
         for t in chosen:
             m = t.machine
-            k = m.policy.max_gamma if m.drafts_with_model else len(m.proposal.tokens)
-            offers.append(Offer([m.guess_acceptance()] * k, m.guess_cost()))
+            offers.append(Offer([m.guess_acceptance()] * m.offered(), m.guess_cost()))
         fixed_rows = sum(len(t.machine.proposal.tokens) for t in decoding
                          if not t.machine.drafts_with_model and t not in chosen)
         most = self.config.max_step_cost

@@ -123,6 +123,11 @@ class SpeculativeSteps:
             return min(accepts / trials, 0.99)
         return policy.alpha
 
+    def offered(self) -> int:
+        """Guesses a batch controller may keep this step: a draft model's γ before it
+        drafts (it caps `gamma_cap`), else the proposal's (it calls `trim`)."""
+        return self.policy.max_gamma if self.drafts_with_model else len(self.proposal.tokens)
+
     def guess_cost(self) -> float:
         """Cost of drafting one guess relative to one target forward (c)."""
         return self.policy.cost if isinstance(self.policy, CostModelGamma) else 0.0

@@ -9,11 +9,15 @@ next to the committed text, exactly as `TreeSpeculative` alone does (the plannin
 feedback below are shared with it).
 
 Invariants (those of the step machine, plus): a step's rows are scratch until `accept`
-keeps the path; the branch planner and the γ policy see the same trees and verdicts as
-alone, so a request's output in a batch equals its output alone. The batch controller
-does not trim a tree (`adaptive` is False): its depth and width come from its own policy
-and planner. Backends whose ragged forward holds no per-sequence masks (llama.cpp) do not
-declare `ragged_trees`, and their trees run alone.
+keeps the path; untrimmed, the branch planner and the γ policy see the same trees and
+verdicts as alone, so a request's output in a batch equals its output alone. Under load the
+batch controller prices a tree as its first branch (a chain of the learnt α): keeping fewer
+guesses than that branch cuts the tree to that branch's first n (n = 0: no guess), keeping
+them all keeps the whole tree (its other branches ride along unpriced). A trimmed tree is
+still verified exactly: greedy output is unchanged and a sampled one keeps the target's
+distribution. A tree with a draft model, or a seeded sampled one, is never trimmed.
+Backends whose ragged forward holds no per-sequence masks (llama.cpp) do not declare
+`ragged_trees`, and their trees run alone.
 """
 
 from __future__ import annotations
@@ -116,7 +120,11 @@ class TreeSteps(SpeculativeSteps):
 
     @property
     def adaptive(self) -> bool:
-        return False  # a tree plans its own depth and width
+        # a draft model's tree is drafted whole, not capped in a shared draft forward
+        return super().adaptive and not self.drafts_with_model
+
+    def offered(self) -> int:
+        return len(self._branches[0].tokens) if self._branches else 0
 
     def propose(self) -> Proposal:
         """This step's branches, merged into the tree `rows` feeds."""
@@ -136,7 +144,14 @@ class TreeSteps(SpeculativeSteps):
         return self.proposal
 
     def trim(self, n: int) -> None:
-        raise RuntimeError("a tree request is not trimmed (adaptive is False)")
+        """Under load: fewer than the first branch's guesses cut the tree to that branch's
+        first `n` (a chain; none: no guess); otherwise the whole tree stays."""
+        if not self._branches or n >= len(self._branches[0].tokens):
+            return
+        first = self._branches[0]
+        self._branches = [Proposal(first.tokens[:n], None, extra=first.extra)] if n else []
+        self._gamma = n
+        self.proposal = Proposal(first.tokens[:n], None, extra=first.extra if n else {})
 
     def rows(self, chunk: int | None = None) -> Rows:
         if self.prefilling:
