@@ -498,7 +498,8 @@ def test_a_broken_tree_rule_in_a_batch_is_caught(small, monkeypatch):
     monkeypatch.setattr(tree_steps, "verify_tree_sampling", sibling_not_cleared)
     target, _ = small
     expected = target_joint(target, TREE_PROMPT, WINDOW, T1)
-    result = check_exact(batched_tree_case(target), TREE_PROMPT, expected, T1, draws=1200)
+    result = check_exact(batched_tree_case(target), TREE_PROMPT, expected, T1,
+                         draws=600)  # p = 2e-15 at 600 draws
     assert result.p_min < 1e-6, result.table()
 
 
@@ -517,7 +518,7 @@ def test_a_broken_rule_in_a_batch_is_caught(small, monkeypatch):
     monkeypatch.setattr(step_machine, "verify_sampling", bonus_from_draft)
     expected = target_joint(target, CHAIN_PROMPT, WINDOW, T1)
     result = check_exact(batched_draft_case(target, draft), CHAIN_PROMPT, expected, T1,
-                         draws=1500)
+                         draws=500)  # 1500 draws gave p = 1e-78
     assert result.p_joint < 1e-6, result.table()
 
 

@@ -254,13 +254,12 @@ def test_exact_with_a_long_context_on_default_pair(pair):
         assert got.token_ids == ref.token_ids, options
 
 
-def test_draft_tree_and_staged_equal_autoregressive_on_default_pair(pair):
-    """The default pair, bitwise: a draft model, a tree and a staged cascade. Every drafter
-    and γ rule (adaptive γ, trees of auto width) is checked on SmolLM2 above, in seconds."""
+def test_draft_and_tree_equal_autoregressive_on_default_pair(pair):
+    """The default pair, bitwise: its draft model and a tree. Every drafter, γ rule and the
+    staged cascade (with a distinct draft model) run on SmolLM2 above, in seconds."""
     runs = [
         ("speculative", {"draft": DRAFT, "gamma": 4}),
         ("speculative", {"draft": "ngram", "gamma": 3, "branches": 3}),
-        ("staged", {"draft": DRAFT, "subdraft": "prompt-lookup"}),
     ]
     assert_accepted_and_rejected(runs, check_exact(pair, runs, tokens=24))
 
@@ -403,7 +402,7 @@ def test_fast_mode_is_exact_above_the_margin_bound(fast_pair):
     check_exact_above_margin(fast_pair, [
         ("speculative", {"draft": "prompt-lookup", "gamma": 4}),
         ("speculative", {"draft": DRAFT, "gamma": 4}),
-    ], tokens=40)
+    ], tokens=24)
 
 
 def test_fast_plain_peer_matches_our_fast_autoregressive(fast_pair):

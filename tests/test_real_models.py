@@ -29,7 +29,7 @@ def qwen_small_fp32():
 
 
 def test_greedy_matches_transformers_on_converted_folder(qwen_small_fp32):
-    """The converted folder loads in transformers, and both produce the same 32 tokens (a
+    """The converted folder loads in transformers, and both produce the same 24 tokens (a
     code and a chat prompt)."""
     import transformers
 
@@ -45,21 +45,21 @@ def test_greedy_matches_transformers_on_converted_folder(qwen_small_fp32):
             hf_ids = hf_ids["input_ids"]
         assert list(hf_ids) == ids, "chat template rendering differs from transformers"
         with torch.no_grad():
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                              min_new_tokens=32, eos_token_id=None, pad_token_id=0)
+            out = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                              min_new_tokens=24, eos_token_id=None, pad_token_id=0)
         expected = out[0, len(ids):].tolist()
-        got = engine.generate(ids, max_new_tokens=32).token_ids
+        got = engine.generate(ids, max_new_tokens=24).token_ids
         eos = engine.target.tokenizer.eos_token_ids
-        n = next((i + 1 for i, t in enumerate(expected) if t in eos), 32)
+        n = next((i + 1 for i, t in enumerate(expected) if t in eos), 24)
         assert got == expected[:n]
 
 
 def test_speculative_exact_on_real_model(qwen_small_fp32):
-    """Prompt lookup on one prompt, the n-gram drafter on another (48 tokens each)."""
+    """Prompt lookup on one prompt, the n-gram drafter on another (32 tokens each)."""
     engine = qwen_small_fp32
     for prompt, drafter in zip(PROMPTS[:2], ("prompt-lookup", "ngram"), strict=True):
-        ref = engine.generate(prompt, max_new_tokens=48)
-        got = engine.generate(prompt, max_new_tokens=48, method="speculative", draft=drafter,
+        ref = engine.generate(prompt, max_new_tokens=32)
+        got = engine.generate(prompt, max_new_tokens=32, method="speculative", draft=drafter,
                               gamma=4)
         assert got.token_ids == ref.token_ids
         assert got.text == ref.text
