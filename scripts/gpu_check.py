@@ -103,12 +103,12 @@ class Check:
         """What the pack carries back; weights, wheels and the store stay behind."""
         return path.name.startswith("bench-") or path.suffix in (".json", ".log", ".md")
 
-    def set_aside_other_results(self, tree: str) -> None:
+    def set_aside_other_results(self, commit: str) -> None:
         """Results in WORK from another commit (an earlier session's lease on the same host
         left breakdowns of a 2-layer model in /tmp: compiled-batched) move to WORK/earlier/,
         out of the pack; a later call at the same commit keeps and packs the earlier ones."""
-        stamp = self.work / "tree.txt"
-        if stamp.is_file() and stamp.read_text().strip() == tree:
+        stamp = self.work / "commit.txt"
+        if stamp.is_file() and stamp.read_text().strip() == commit:
             return
         stale = [p for p in self.work.iterdir() if self.is_result(p)]
         if stale:
@@ -118,7 +118,7 @@ class Check:
             for path in stale:
                 path.rename(aside / path.name)
             self.log(f"  {len(stale)} result(s) of another commit moved to {aside}, not packed")
-        stamp.write_text(tree + "\n")
+        stamp.write_text(commit + "\n")
 
     def pack(self) -> None:
         with tarfile.open(self.out / "gpu-check.tar.gz", "w:gz") as tar:
@@ -326,7 +326,7 @@ class Check:
             return 2
         self.log(f"gpu-check: stages {', '.join(stages)} ({'dry run' if self.dry else 'GPU'})")
         end = time.monotonic() + self.args.budget
-        self.set_aside_other_results(tree_id())
+        self.set_aside_other_results(head_commit())
         self.install()
         for stage in stages:
             t0 = time.monotonic()
@@ -349,7 +349,7 @@ class Check:
         return 0 if all(v == "ok" for v in self.status.values()) else 1
 
 
-def tree_id() -> str:
+def head_commit() -> str:
     """The commit this check runs at (HEAD; a new session's calls are on a new one)."""
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,

@@ -54,8 +54,9 @@ class StaticConfig:
     # fuse each step's element-wise kernels with torch.compile (inductor) before capture:
     # on an H200 the 1.5B's step was 3.0 ms, 1.2 ms of it matrix products and the rest
     # ~1,000 small kernels (gpu-h200/all-families); compiled 3.1 -> 2.6 ms (compiled-batched).
-    # Two compiles in all (one row, then every other bucket at a dynamic row count); call
-    # `StaticModel.warm_up` to pay them, and every bucket's capture, before timing
+    # A few compiles in all (one row, then the other buckets at a symbolic row count; on
+    # the CPU a third past 16 rows, where attention changes path); `StaticModel.warm_up`
+    # pays them, and every bucket's capture, before timing
     compile: bool = False
 
 
