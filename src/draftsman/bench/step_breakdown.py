@@ -3,9 +3,15 @@
 A CUDA graph replays the kernels the eager static step launches, so profiling the eager
 step (`static_forward`, the function the graph captured) shows the replay's kernels and
 their times; the wall time of an eager step beside the summed kernel time says how much
-the launches cost that the graph removes.
+the launches cost that the graph removes. `--compile` profiles the step as `--static
+--compile` runs it (inductor's fused kernels, which the graph replays the same way).
+
+`--loop` asks another question: why a one-sequence eager decode costs more per token than a
+bare eager forward (gpu-h200/all-families: 77 ms a token over a 28 ms forward). It times and
+profiles both, token for token, and counts the host syncs each makes.
 
     python -m draftsman.bench.step_breakdown --target FOLDER --device cuda [--rows 1]
+        [--compile] [--loop]
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from draftsman.core import GenerationConfig
 from draftsman.engine import load_bundle
 from draftsman.models.static_step import static_forward, step_inputs
+from draftsman.strategies.autoregressive import Autoregressive
 
 
 def breakdown(target: str, device: str, rows: int = 1, context: int = 512,
-              steps: int = 20) -> str:
+              steps: int = 20, compile: bool = False) -> str:
     model = load_bundle(target, "bf16", device=device).model
     cache = model.new_cache(context + 64 + 1)
     gen = torch.Generator().manual_seed(0)
@@ -36,9 +44,11 @@ def breakdown(target: str, device: str, rows: int = 1, context: int = 512,
     cuda = model.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
+    forward = torch.compile(static_forward, dynamic=None) if compile else static_forward
+
     def step() -> None:
         with torch.inference_mode():
-            static_forward(model, cache.k, cache.v, inputs)
+            forward(model, cache.k, cache.v, inputs)
 
     for _ in range(3):
         step()
@@ -58,7 +68,8 @@ def breakdown(target: str, device: str, rows: int = 1, context: int = 512,
     kernels = sorted((e for e in events if getattr(e, key, 0) > 0),
                      key=lambda e: -getattr(e, key))
     total = sum(getattr(e, key) for e in kernels) / steps / 1e3
-    lines = [f"# One static step: {Path(target).name}, {rows} row(s), {context} cached tokens, "
+    how = "compiled static" if compile else "static"
+    lines = [f"# One {how} step: {Path(target).name}, {rows} row(s), {context} cached tokens, "
              f"{torch.cuda.get_device_name() if cuda else 'CPU'}", "",
              f"eager step wall {wall_ms:.3f} ms; {'device' if cuda else 'CPU'} time summed "
              f"over ops {total:.3f} ms per step", "",
@@ -70,15 +81,84 @@ def breakdown(target: str, device: str, rows: int = 1, context: int = 512,
     return "\n".join(lines) + "\n"
 
 
+# host syncs, as the profiler names the calls that wait for the device
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+               "aten::_local_scalar_dense")
+
+
+def loop_breakdown(target: str, device: str, tokens: int = 16, context: int = 64) -> str:
+    """A one-sequence eager decode (`Autoregressive`, the engine's loop) beside bare eager
+    forwards of one token: ms per token, host syncs per token, and the ops whose host time
+    differs most between the two."""
+    model = load_bundle(target, "bf16", device=device).model
+    cuda = model.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0))
+    config = GenerationConfig(max_new_tokens=tokens)
+
+    def decode() -> None:
+        for _ in Autoregressive(model).generate(prompt.tolist(), config):
+            pass
+
+    cache = model.new_cache(context + tokens + 8)
+    model(prompt[None], torch.arange(context)[None], cache)
+
+    def forwards() -> None:
+        for i in range(tokens):
+            model(prompt[None, :1], torch.tensor([[context + i]]), cache, start=context + i)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    runs = {}
+    for name, run in (("decode loop", decode), ("bare forwards", forwards)):
+        run()
+        sync()
+        t0 = time.perf_counter()
+        run()
+        sync()
+        wall = (time.perf_counter() - t0) / tokens * 1e3
+        with profile(activities=activities) as prof:
+            run()
+            sync()
+        ops = {e.key: e for e in prof.key_averages()}
+        runs[name] = (wall, ops)
+    lines = [f"# One-sequence eager decode vs bare forwards: {Path(target).name}, {tokens} "
+             f"tokens after {context}, {torch.cuda.get_device_name() if cuda else 'CPU'}", "",
+             "| | ms per token (wall) | host syncs per token | ops per token |",
+             "|---|---|---|---|"]
+    for name, (wall, ops) in runs.items():
+        syncs = sum(ops[k].count for k in SYNC_EVENTS if k in ops) / tokens
+        count = sum(e.count for k, e in ops.items() if k.startswith("aten::")) / tokens
+        lines.append(f"| {name} | {wall:.3f} | {syncs:.1f} | {count:.0f} |")
+    loop, bare = runs["decode loop"][1], runs["bare forwards"][1]
+
+    def host_ms(ops: dict, key: str) -> float:
+        return ops[key].self_cpu_time_total / tokens / 1e3 if key in ops else 0.0
+
+    gaps = sorted(set(loop) | set(bare), key=lambda k: host_ms(bare, k) - host_ms(loop, k))
+    lines += ["", "Ops whose host time per token differs most (self CPU ms, decode loop - bare):",
+              "", "| op | decode loop calls | ms | bare calls | ms |", "|---|---|---|---|---|"]
+    for key in gaps[:20]:
+        calls = [ops[key].count / tokens if key in ops else 0 for ops in (loop, bare)]
+        lines.append(f"| `{key[:80]}` | {calls[0]:.1f} | {host_ms(loop, key):.3f} | "
+                     f"{calls[1]:.1f} | {host_ms(bare, key):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True)
     p.add_argument("--device", default="auto")
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--compile", action="store_true",
+                   help="profile the step as --static --compile runs it")
+    p.add_argument("--loop", action="store_true",
+                   help="instead: the one-sequence eager decode loop beside bare forwards")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    text = breakdown(args.target, args.device, args.rows, args.context)
+    text = (loop_breakdown(args.target, args.device) if args.loop else
+            breakdown(args.target, args.device, args.rows, args.context, compile=args.compile))
     if args.out:
         args.out.write_text(text)
     print(text)
