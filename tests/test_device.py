@@ -188,3 +188,39 @@ def test_big_little_on_the_device_decodes_what_the_cpu_does(folders, device: str
         runs.append(engine.generate(PROMPT, method="big-little", max_new_tokens=24,
                                     **kw).token_ids)
     assert runs[0] == runs[1] and len(runs[0]) > 0
+
+
+def cudnn_attention_ops(run) -> list[str]:
+    """The cuDNN attention ops and kernels the profiler saw while `run()` ran on CUDA."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages()
+            if "cudnn" in e.key.lower() and ("sdpa" in e.key.lower() or "attention" in e.key)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_growing_forwards_keep_attention_off_cudnn() -> None:
+    """cuDNN's SDPA builds a plan per key length, and a dynamic decode meets a new length every
+    token: on an H200 our eager AR took 77 ms a token in the benchmark over a 20-28 ms
+    forward. The control is the same SDPA call left to PyTorch's choice (cuDNN where this
+    GPU and build prefer it); ours must not take cuDNN whichever way the control goes."""
+    from tiny import tiny_pair
+
+    model = tiny_pair("llama")[1].to("cuda", torch.bfloat16)
+    cache = model.new_cache(64)
+    model(torch.arange(1, 9)[None], torch.arange(8)[None], cache)
+
+    def decode() -> None:
+        for at in range(8, 12):
+            model(torch.tensor([[at]]), torch.tensor([[at]]), cache)
+
+    q = torch.randn(1, 12, 1, 128, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 40, 128, device="cuda", dtype=torch.bfloat16)
+    control = cudnn_attention_ops(lambda: torch.nn.functional.scaled_dot_product_attention(
+        q, kv, kv, enable_gqa=True))
+    print(f"PyTorch's own choice took cuDNN: {bool(control)}")
+    assert cudnn_attention_ops(decode) == []

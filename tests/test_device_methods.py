@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from devices import devices
-from test_parallel_prompt import SHAPES, run, sharp_model
+from test_parallel_prompt import PROMPT, SHAPES, run, sharp_model
 from tiny import tiny_pair
 
+from draftsman.core import GenerationConfig
 from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.models.static_step import StaticModel
 from draftsman.proposers.draft_model import DraftModelProposer
@@ -148,3 +149,43 @@ def test_draft_on_the_device_drafts_what_the_host_loop_did(device: str,
         state.sync([1, 2, 3])
     state.settle([3])
     assert state.sync([1, 2, 3, 4]) == [4] and state.cache.length == 3
+
+
+def steps_of(strategy, n: int, eos: frozenset[int] = frozenset(), **sampling) -> list:
+    config = GenerationConfig(n, SamplingConfig(**sampling), eos)
+    return list(strategy.generate(PROMPT, config))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 5}])
+def test_ahead_decodes_what_one_sync_per_token_does(device: str, sampling: dict) -> None:
+    """The host one step ahead of the device (the default on a GPU) commits the same tokens
+    and finish as the loop that reads each token before queuing the next step, by count
+    and at EOS, where the one step queued past it is counted."""
+    model = sharp_model().to(device)
+    sync, ahead = Autoregressive(model, ahead=False), Autoregressive(model, ahead=True)
+    assert Autoregressive(model).ahead == (device != "cpu")
+    ref = steps_of(sync, 24, **sampling)
+    assert [s.tokens for s in steps_of(ahead, 24, **sampling)] == [s.tokens for s in ref]
+    assert steps_of(ahead, 24, **sampling)[-1].finish == "length"
+    eos = frozenset({ref[10].tokens[0]})  # a token first met at step 10 or before
+    stopped_ref, stopped = steps_of(sync, 24, eos, **sampling), steps_of(ahead, 24, eos,
+                                                                        **sampling)
+    assert [s.tokens for s in stopped] == [s.tokens for s in stopped_ref]
+    assert stopped[-1].finish == stopped_ref[-1].finish == "eos"
+    assert sum(s.target_forwards for s in stopped) == len(stopped) + 1
+
+
+def test_ahead_queues_the_next_step_before_reading_a_token(monkeypatch) -> None:
+    """What makes `ahead` pay: the forward that feeds token t is queued before the host
+    waits for token t, and none is queued past the last token a budget allows."""
+    from draftsman.strategies import autoregressive
+
+    events: list[str] = []
+    feed_unread, get = ModelState.feed_unread, autoregressive.HostRead.get
+    monkeypatch.setattr(ModelState, "feed_unread",
+                        lambda self, *a, **k: events.append("queue") or feed_unread(self, *a, **k))
+    monkeypatch.setattr(autoregressive.HostRead, "get",
+                        lambda self: events.append("read") or get(self))
+    steps_of(Autoregressive(sharp_model(), ahead=True), 4)
+    assert events == ["queue", "read"] * 3 + ["read"]

@@ -108,6 +108,10 @@ class Sampler:
 
     def pick(self, logits: torch.Tensor) -> int:
         """One token from logits [V]: argmax when greedy, else a draw."""
+        return int(self.pick_tensor(logits))
+
+    def pick_tensor(self, logits: torch.Tensor) -> torch.Tensor:
+        """`pick` as a 0-d tensor on the logits' device (no host sync): the same draws."""
         if self.greedy:
-            return int(logits.argmax())
-        return self.draw(self.probs(logits))
+            return logits.argmax()
+        return self.draw_tensor(self.probs(logits))

@@ -8,12 +8,14 @@ writes keys/values for the new tokens at slots start..start+T of the layers it r
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from draftsman.errors import UnsupportedError
 from draftsman.kernels.native import kquant_available, unavailable_reason
@@ -126,6 +128,19 @@ def uses_matmul_attention(rows: int, device: torch.device) -> bool:
     T = 16); BLAS does not promise this for every shape.
     """
     return device.type == "cpu" and rows <= MATMUL_ATTENTION_ROWS
+
+
+def growing_attention(device: torch.device) -> contextlib.AbstractContextManager:
+    """Where a forward's key length changes from call to call (every dynamic forward: decode
+    adds a slot each token), SDPA on CUDA without its cuDNN backend. cuDNN builds an execution
+    plan per shape, which costs tens to hundreds of ms and is cached per key length, so each
+    new token would pay one: on an H200 our eager AR took 77 ms a token in the benchmark, whose
+    lengths are new, over 20-28 ms where the same lengths were met before (step_breakdown
+    --loop, gpu-h200). Static steps attend over one fixed shape and keep cuDNN."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
 
 
 def matmul_attention(
@@ -290,8 +305,9 @@ class DecoderLM(nn.Module):
             additive=uses_matmul_attention(length, x.device),
         )
         ctx = self.layer_context(positions)
-        for i in layers:
-            x = self.layers[i](x, ctx, cache, i, start, attn_mask)
+        with growing_attention(device):
+            for i in layers:
+                x = self.layers[i](x, ctx, cache, i, start, attn_mask)
         cache.set_length(start + length)
         logits = None
         if layers.stop == n_layers and logits_at is not None:
@@ -314,8 +330,9 @@ class DecoderLM(nn.Module):
                                 additive=uses_matmul_attention(seg.rows, device))
                  for seg, pos in zip(caches.segments, caches.split(positions), strict=True)]
         ctx = self.layer_context(positions)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, ctx, caches, i, 0, masks)
+        with growing_attention(device):
+            for i, layer in enumerate(self.layers):
+                x = layer(x, ctx, caches, i, 0, masks)
         caches.commit()
         logits = self.head(x[:, logits_at]) if logits_at is not None else None
         return Output(logits=logits, hidden=x)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+
+import torch
 
 from draftsman.core import Budget, GenerationConfig, Step, Timer
 from draftsman.models.base import LAST, DecoderLM
@@ -13,13 +16,39 @@ from draftsman.strategies.base import Strategy, check_fits
 from draftsman.strategies.step_machine import SpeculativeSteps
 
 
+class HostRead:
+    """A device scalar's copy to the host, started now and waited for only by `get`, so the
+    host can queue more device work in between (on the CPU, the value itself)."""
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.ready: torch.cuda.Event | None = None
+        self.copy = value
+        if value.device.type == "cuda":
+            self.copy = value.to("cpu", non_blocking=True)  # into pinned memory
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+
+    def get(self) -> int:
+        if self.ready is not None:
+            self.ready.synchronize()  # this copy only: the step queued after it runs on
+        return int(self.copy)
+
+
 class Autoregressive(Strategy):
+    """`ahead` (default: on a GPU) keeps the host one step ahead of the device: the step
+    that feeds token t is queued before the host reads token t, so the host's work between
+    steps (reading, clipping, streaming, the next step's inputs) overlaps the device's
+    instead of idling it. Same forwards, same draws, same tokens; at EOS one queued step is
+    wasted (counted in the last Step's forwards). On the CPU a forward runs as it is called,
+    so there is nothing to overlap."""
+
     name = "autoregressive"
     exactness = "reference"
     batchable = True
 
-    def __init__(self, target: DecoderLM) -> None:
+    def __init__(self, target: DecoderLM, ahead: bool | None = None) -> None:
         self.target = target
+        self.ahead = target.capabilities.device != "cpu" if ahead is None else ahead
 
     def steps(self, prompt_ids: list[int], config: GenerationConfig,
               prefill_chunk: int | None = None,
@@ -32,7 +61,13 @@ class Autoregressive(Strategy):
         check_fits(self.target, len(prompt_ids), config)
         state = ModelState(self.target, len(prompt_ids) + config.max_new_tokens + 1)
         sampler = Sampler(config.sampling)
-        budget = Budget(config)
+        if self.ahead:
+            return self._generate_ahead(state, sampler, Budget(config), prompt_ids)
+        return self._generate(state, sampler, Budget(config), prompt_ids)
+
+    @staticmethod
+    def _generate(state: ModelState, sampler: Sampler, budget: Budget,
+                  prompt_ids: list[int]) -> Iterator[Step]:
         timer = Timer()
         with timer("verify"):
             token = sampler.pick(state.feed(prompt_ids, logits_at=LAST).logits[0, -1])
@@ -45,3 +80,26 @@ class Autoregressive(Strategy):
             tokens = budget.clip([token])
             yield Step(tokens, ["target"], target_forwards=1,
                        verify_seconds=timer.take()["verify"], finish=budget.finish)
+
+    @staticmethod
+    def _generate_ahead(state: ModelState, sampler: Sampler, budget: Budget,
+                        prompt_ids: list[int]) -> Iterator[Step]:
+        t0 = time.perf_counter()
+        token = sampler.pick_tensor(state.feed(prompt_ids, logits_at=LAST).logits[0, -1])
+        prefill = True
+        while True:
+            read = HostRead(token)
+            queued = budget.remaining > 1  # a token may follow: queue its step first
+            if queued:
+                logits = state.feed_unread(token.view(1), logits_at=LAST).logits[0, -1]
+                token = sampler.pick_tensor(logits)
+            value = read.get()
+            if queued:
+                state.settle([value])
+            tokens = budget.clip([value])
+            wasted = int(queued and budget.done)  # the step queued past EOS
+            yield Step(tokens, ["target"], target_forwards=1 + wasted, prefill=prefill,
+                       verify_seconds=time.perf_counter() - t0, finish=budget.finish)
+            if budget.done:
+                return
+            t0, prefill = time.perf_counter(), False
