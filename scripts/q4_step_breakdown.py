@@ -10,6 +10,10 @@ the difference is the kernel's share. Issue 22 uses it to explain the gap to lla
     scripts/q4_step_breakdown.py                  # T = 1, 4, 16 after 256 tokens
     scripts/q4_step_breakdown.py --rows 1 --repeats 30
     scripts/q4_step_breakdown.py --rows 1,16 --all-logits   # as a verify forward runs
+    scripts/q4_step_breakdown.py --rows 1,16 --all-logits --by-matrix
+
+`--by-matrix` adds the kernel's time per matrix kind (block type and shape, all layers
+together) at each row count, from the profiler: which matrices make a verify dear.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import platform
 import statistics
 import time
+from collections import defaultdict
 
 import torch
 
@@ -40,6 +45,50 @@ def time_step(model, cache, context: int, rows: int, repeats: int,
     return min(times), statistics.median(times)
 
 
+def matrix_kinds(model) -> dict[int, str]:
+    """id(matrix module) -> its block type and role, e.g. "Q6_K lm_head"."""
+    from gguf import GGMLQuantizationType
+
+    def role(name: str) -> str:  # layers.3.mlp.gate_up_proj.parts.0 -> gate_up_proj
+        return [part for part in name.split(".") if not part.isdigit() and part != "parts"][-1]
+
+    return {id(m): f"{GGMLQuantizationType(int(m.qtype)).name} {role(name)}"
+            for name, m in model.named_modules() if isinstance(m, KQuantMatrix | KQuantAmxMatrix)}
+
+
+def by_matrix(model, cache, context: int, rows: list[int], repeats: int,
+              logits_at: slice) -> dict[str, dict[int, float]]:
+    """kind -> rows -> median ms per forward the kernel spends on that kind of matrix."""
+    kinds = matrix_kinds(model)
+    spent: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    forwards = {}
+    for kind in (KQuantMatrix, KQuantAmxMatrix):
+        forwards[kind] = kind.forward
+
+        def timed(self, x, _forward=kind.forward):
+            start = time.perf_counter()
+            out = _forward(self, x)
+            name = f"{kinds[id(self)]} {self.out_features}x{x.shape[-1]}"
+            per_forward[name] += (time.perf_counter() - start) * 1e3
+            return out
+
+        kind.forward = timed
+    try:
+        for t in rows:
+            ids, pos = torch.zeros(1, t, dtype=torch.long), torch.arange(context, context + t)[None]
+            for i in range(repeats + 3):
+                per_forward: dict[str, float] = defaultdict(float)
+                model(ids, pos, cache, logits_at=logits_at, start=context)
+                if i >= 3:
+                    for name, ms in per_forward.items():
+                        spent[name][t].append(ms)
+    finally:
+        for kind, forward in forwards.items():
+            kind.forward = forward
+    return {name: {t: statistics.median(v) for t, v in by_rows.items()}
+            for name, by_rows in spent.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -49,6 +98,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--all-logits", action="store_true",
                    help="logits on every row, as a verify forward needs (default: the last row)")
+    p.add_argument("--by-matrix", action="store_true",
+                   help="also the kernel's ms per matrix kind at each row count")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     model = load_model(resolve_model(a.model, pull=False), "q4",
@@ -79,6 +130,15 @@ def main() -> None:
         kernel = real[t][1] - glue[t][1]
         print(f"| {t} | {real[t][0]:.1f} / {real[t][1]:.1f} | {glue[t][1]:.1f} | {kernel:.1f} "
               f"| {blocks / kernel / 1e6:.1f} |")
+    if a.by_matrix:
+        costs = by_matrix(model, cache, a.context, rows, a.repeats, logits_at)
+        first, last = rows[0], rows[-1]
+        print(f"\n| matrix kind (all layers) | {' | '.join(f'{t} rows ms' for t in rows)} "
+              f"| {last} rows / {first} |")
+        print("|---|" + "---|" * (len(rows) + 1))
+        for name, ms in sorted(costs.items(), key=lambda kv: -kv[1][last]):
+            print(f"| {name} | {' | '.join(f'{ms[t]:.1f}' for t in rows)} "
+                  f"| {ms[last] / ms[first]:.2f} |")
 
 
 if __name__ == "__main__":
