@@ -251,10 +251,11 @@ class Check:
         peers = "hf:plain,compiled"
         if self.dry:  # inductor takes minutes on a CPU; the suite checks --compile apart
             methods = [m for m in methods if not m.endswith("+compiled")]
-        if self.args.quick:  # our AR and cost-model speculation against compiled transformers
+        if self.args.quick:  # our AR (static, compiled, eager) and cost-model speculation
+            # against transformers compiled and eager: every AR goal in one short run
             quick = ("autoregressive", "autoregressive:engine=torch-bf16+compiled",
-                     "speculative:gamma=auto")
-            methods, peers = [m for m in methods if m in quick], "hf:compiled"
+                     "autoregressive:engine=torch-bf16", "speculative:gamma=auto")
+            methods = [m for m in methods if m in quick]
         return self.bench("random", target, draft, methods, peers, 1, end - time.monotonic())
 
     def stage_batched(self, budget: float) -> bool:
@@ -425,8 +426,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="per-stage caps in seconds, e.g. random=300,test-gpu=120 (default: "
                         + ", ".join(f"{k} {v}" for k, v in TIMEOUTS.items()) + ")")
     p.add_argument("--quick", action="store_true",
-                   help="random stage: static profiles only; AR, cost-model speculation and "
-                        "compiled transformers only (a re-check after a fix)")
+                   help="random stage: static profiles only; our AR (static, compiled, "
+                        "eager), cost-model speculation and transformers (compiled, eager) "
+                        "only (a re-check after a fix)")
     p.add_argument("--dry-run", action="store_true",
                    help="on the CPU with tiny random models (seconds): keeps the check working")
     args = p.parse_args(argv)
