@@ -361,7 +361,10 @@ class Check:
 
 
 def head_commit() -> str:
-    """The commit this check runs at (HEAD; a new session's calls are on a new one)."""
+    """The commit this check runs at (HEAD, or DRAFTSMAN_COMMIT where the machine's git does
+    not hold it; a new session's calls are on a new one)."""
+    if os.environ.get("DRAFTSMAN_COMMIT"):
+        return os.environ["DRAFTSMAN_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=30).stdout.strip() or "no-git"

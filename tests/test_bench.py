@@ -446,3 +446,15 @@ def test_torch_q4_preset_runs_the_torch_only_methods_on_q4():
                             ).dtype == "bf16"
     assert config_from_args(parse(["bench", "--preset", "cpu"])).dtype == "bf16"
     assert all(p.dtype in (None, "bf16", "fp32", "q4", "q8") for p in PRESETS.values())
+
+
+def test_a_tree_copied_without_its_history_names_its_commit(monkeypatch) -> None:
+    """A lent GPU machine's git holds the session's first commit, not the tree's: rows say
+    the commit DRAFTSMAN_COMMIT names there, and the checkout's own everywhere else."""
+    from draftsman.bench.results import git_commit
+
+    monkeypatch.delenv("DRAFTSMAN_COMMIT", raising=False)
+    own = git_commit()
+    assert own is None or len(own.removesuffix("+dirty")) == 40
+    monkeypatch.setenv("DRAFTSMAN_COMMIT", "f51df96")
+    assert git_commit() == "f51df96"

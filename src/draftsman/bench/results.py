@@ -173,8 +173,17 @@ def machine() -> dict[str, Any]:
             "torch": torch.__version__, "llama_cpp": describe_build()}
 
 
+COMMIT_VARIABLE = "DRAFTSMAN_COMMIT"
+
+
 def git_commit() -> str | None:
-    """The draftsman checkout's commit (with '+dirty' when it has local changes), if any."""
+    """The draftsman checkout's commit (with '+dirty' when it has local changes), if any.
+
+    `DRAFTSMAN_COMMIT` in the environment names it instead, for a copy of a tree whose git
+    does not hold its commit: a lent GPU machine gets the session's first commit with the
+    tree on top, which git there calls that commit `+dirty`."""
+    if os.environ.get(COMMIT_VARIABLE):
+        return os.environ[COMMIT_VARIABLE]
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"],
