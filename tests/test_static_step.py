@@ -352,3 +352,29 @@ def test_graph_replay_equals_eager_step() -> None:
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_cuda_graphs_generate_what_the_cpu_does(folders) -> None:
     exact_methods_agree(folders, "cuda")
+
+
+def test_static_steps_are_the_default_where_they_are_the_fast_path(folders) -> None:
+    """`static=None` (the CLI's default): on for a CUDA device on torch when the methods run
+    the whole model, off on the CPU (where they only cost) and for layer-range methods."""
+    from draftsman.strategies.registry import runs_static
+
+    assert runs_static([("default", {}), ("autoregressive", {}), ("speculative", {}),
+                        ("big-little", {})])
+    assert not runs_static([("autoregressive", {}), ("big-little", {"early_exit": 1})])
+    assert not runs_static([("pipelined", {})])
+    engine = draftsman.load(str(folders[0]), backend="torch", dtype="fp32", device="cpu")
+    assert not engine.static and not isinstance(engine.target.model, StaticModel)
+    for command in (["generate", "hi"], ["serve"], ["bench"]):
+        assert build_parser().parse_args(command).static is None
+        assert build_parser().parse_args(command + ["--no-static"]).static is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_a_gpu_gets_static_steps_unless_a_method_needs_layer_ranges(folders) -> None:
+    on = draftsman.load(str(folders[0]), backend="torch", dtype="fp32", device="cuda")
+    assert on.static and isinstance(on.target.model, StaticModel)
+    off = draftsman.load(str(folders[0]), backend="torch", dtype="fp32", device="cuda",
+                         methods=[("big-little", {"early_exit": 1})])
+    assert not off.static and not isinstance(off.target.model, StaticModel)

@@ -35,6 +35,7 @@ from draftsman.models.static_step import StaticConfig, StaticModel
 from draftsman.models.weight_formats import gguf_source, is_quantised, parse_dtype
 from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
+from draftsman.store.status import model_has_gguf
 from draftsman.strategies.base import check_fits
 from draftsman.strategies.default_method import (
     DEFAULT,
@@ -104,19 +105,6 @@ def check_static(static: bool | StaticConfig, backend: str) -> None:
 MethodSpec = tuple[str, Mapping[str, Any]]  # (method name, options)
 
 
-def has_gguf(spec: str) -> bool:
-    """Whether `spec` names a model with a GGUF file (a catalogue model, pulled here if it
-    is not yet, or a .gguf path)."""
-    from draftsman.store.catalogue import CATALOGUE
-    from draftsman.store.resolve import resolve_model
-    from draftsman.store.status import model_status
-
-    if spec in CATALOGUE:
-        resolve_model(spec)
-        return model_status(spec).has_gguf
-    return Path(spec).expanduser().suffix.lower() == ".gguf" and Path(spec).expanduser().is_file()
-
-
 def _llama_cpp_problem() -> str | None:
     from draftsman.backends.llama_cpp import llama
 
@@ -153,7 +141,7 @@ def pick_backend(target: str | Path, requested: str = AUTO, *, dtype: str = DEFA
             if value and not is_model_free(str(value)):
                 models.append(str(value))
     return choose_backend(AUTO, llama_cpp=LlamaCppLM.capabilities, needs=needs,
-                          has_gguf=all(has_gguf(m) for m in models),
+                          has_gguf=all(model_has_gguf(m) for m in models),
                           has_cuda=torch.cuda.is_available(), dtype=dtype,
                           llama_cpp_problem=_llama_cpp_problem)
 
@@ -446,7 +434,7 @@ def load(
     numerics: str = "fast",
     methods: Sequence[MethodSpec] = (),
     device: str | torch.device | None = "auto",
-    static: bool | StaticConfig = False,
+    static: bool | StaticConfig | None = None,
 ) -> Engine:
     """Load `target` (and `draft`) once. `backend="auto"` with no `dtype` and only the
     default method runs what `draftsman bench` measured fastest on this CPU, backend and
@@ -457,7 +445,9 @@ def load(
     `engine.backend_reason` says why. `device`: auto (the GPU when torch sees one, else the
     CPU), cpu, cuda or cuda:N; a GPU that is not there is a DeviceError. `static`: fixed-shape
     decode and verify steps, CUDA graphs on a GPU (torch only; `backend="auto"` then means
-    torch); a StaticConfig sets their options (`compile=True`: fused by torch.compile)."""
+    torch); a StaticConfig sets their options (`compile=True`: fused by torch.compile); None:
+    on where they are the fast path, a CUDA device on torch with `methods` that run the whole
+    model (docs/devices.md)."""
     check_backend(backend, numerics)
     if static and backend == AUTO:
         backend = "torch"
@@ -476,6 +466,10 @@ def load(
         choice = BackendChoice(choice.backend, measured_reason(measured))
     check_backend(choice.backend, numerics)
     placed = pick_device(device, choice.backend, dtype)
+    if static is None:
+        from draftsman.strategies.registry import runs_static
+
+        static = placed.type == "cuda" and choice.backend == "torch" and runs_static(methods)
     if threads is not None:
         torch.set_num_threads(threads)
     engine = Engine(load_bundle(target, torch_dtype, choice.backend, numerics, placed, static),
@@ -487,7 +481,7 @@ def load(
 
 def generate(prompt: str, *, target: str = DEFAULT_TARGET, draft: str | None = None,
              dtype: str | None = None, backend: str = AUTO, device: str = "auto",
-             static: bool | StaticConfig = False, **kwargs: Any) -> Result:
+             static: bool | StaticConfig | None = None, **kwargs: Any) -> Result:
     method = kwargs.get("method", DEFAULT)
     options = {k: v for k, v in kwargs.items() if k not in _PREPARE_KEYS}
     engine = load(target, draft=draft, dtype=dtype, backend=backend, device=device,

@@ -43,10 +43,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                              "kernels (catalogue names and .gguf files; --dtype is ignored)")
     add_numerics_arg(parser)
     add_device_arg(parser)
-    parser.add_argument("--static", action="store_true",
+    parser.add_argument("--static", action=argparse.BooleanOptionalAction, default=None,
                         help="torch: decode and verify steps of up to 64 rows at fixed "
                              "shapes over the whole KV cache, replayed as CUDA graphs on a "
-                             "GPU (the GPU path; on the CPU it only costs time)")
+                             "GPU (on the CPU they only cost time). Default: on for a CUDA "
+                             "device with --backend torch when the method runs the whole "
+                             "model (not early exit or pipelined); --no-static: the eager "
+                             "path")
     add_compile_arg(parser)
 
 

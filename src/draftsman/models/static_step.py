@@ -39,6 +39,9 @@ from draftsman.models.cache import KVCache
 from draftsman.models.protocol import Capabilities
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# capabilities of the model that static steps do not keep: they run whole-model forwards of
+# one sequence (no layer ranges, no ragged batches of several)
+STATIC_LACKS = ("layer_ranges", "ragged_batches", "ragged_trees")
 WARMUP_RUNS = 3  # eager runs on a side stream before capture (allocator and kernel caches)
 
 
@@ -228,9 +231,8 @@ class StaticModel:
     @property
     def capabilities(self) -> Capabilities:
         backend = "torch --static" + (" --compile" if self.options.compile else "")
-        return replace(self.model.capabilities, backend=backend,
-                       layer_ranges=False, input_embeddings=True, ragged_batches=False,
-                       ragged_trees=False)
+        return replace(self.model.capabilities, backend=backend, input_embeddings=True,
+                       **dict.fromkeys(STATIC_LACKS, False))
 
     def warm_up(self, capacity: int | None = None) -> None:
         """Compile (with `compile`) and capture (on CUDA) every bucket's step now, on an arena

@@ -6,7 +6,7 @@ Every front end goes through `method_options` (validation, no model loaded) and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -206,6 +206,15 @@ def method(name: str) -> Method:
 def method_options(name: str, values: Mapping[str, Any]) -> MethodOptions:
     """Validate `values` for method `name` (strings or JSON scalars); loads nothing."""
     return parse(method(name).options, values, name)
+
+
+def runs_static(methods: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
+    """Whether every one of `methods` ((name, options) pairs; the default method always)
+    runs on static steps, which keep no layer ranges (models/static_step.STATIC_LACKS)."""
+    from draftsman.models.static_step import STATIC_LACKS
+
+    return not any(cap in STATIC_LACKS for name, options in methods if name != "default"
+                   for cap in method_options(name, options).needs())
 
 
 def make_strategy(name: str, engine: Engine,
