@@ -107,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                for x in load_dataset(name, limit=args.limit)]
     if not prompts:
         raise InvalidArgumentError("the datasets gave no prompts")
+    # the batched path itself: static steps (a GPU's default) hold one sequence per cache
     engine = draftsman.load(args.target, dtype=args.dtype, backend=args.backend,
-                            device=args.device, threads=args.threads)
+                            device=args.device, threads=args.threads, static=False)
     rows = rates(engine, prompts, levels, [m for m in args.methods.split(";") if m],
                  args.max_new_tokens, args.rounds, args.out)
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, "
