@@ -286,11 +286,13 @@ class DecoderLM(nn.Module):
             return self._ragged_forward(tokens, positions, cache, logits_at)
         n_layers = self.config.num_layers
         layers = layers if layers is not None else range(n_layers)
-        # callers build token ids and positions on the host; `.to` is a no-op on the CPU
+        # callers build token ids and positions on the host; `.to` is a no-op on the CPU. Not
+        # blocking: a blocking copy to a GPU waits for all its queued work, and a decode loop
+        # that keeps the host a step ahead (Autoregressive) queues the next step meanwhile
         device = self.device
-        positions = positions.to(device)
+        positions = positions.to(device, non_blocking=True)
         if tokens is not None:
-            tokens = tokens.to(device)
+            tokens = tokens.to(device, non_blocking=True)
         start = cache.length if start is None else start
         length = positions.shape[1]
         cache.check_room(start + length)
@@ -318,7 +320,8 @@ class DecoderLM(nn.Module):
                         caches: RaggedCaches, logits_at: slice | torch.Tensor | None) -> Output:
         """tokens/positions [1, N]: the segments' rows end to end (models/ragged.py)."""
         device = self.device
-        tokens, positions = tokens.to(device), positions.to(device)
+        tokens = tokens.to(device, non_blocking=True)
+        positions = positions.to(device, non_blocking=True)
         if positions.shape != (1, caches.rows):
             raise ValueError(f"a ragged forward over {caches.rows} rows got positions "
                              f"{tuple(positions.shape)}")
