@@ -35,7 +35,7 @@ from draftsman.models.static_step import StaticConfig, StaticModel
 from draftsman.models.weight_formats import gguf_source, is_quantised, parse_dtype
 from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
-from draftsman.store.status import model_has_gguf
+from draftsman.store.resolve import model_has_gguf
 from draftsman.strategies.base import check_fits
 from draftsman.strategies.default_method import (
     DEFAULT,

@@ -168,3 +168,12 @@ def _is_network_error(exc: BaseException) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def model_has_gguf(spec: str) -> bool:
+    """Whether `spec` names a model with a GGUF file (a catalogue model, pulled here if it
+    is not yet, or a .gguf path)."""
+    if spec in CATALOGUE:
+        resolve_model(spec)
+        return model_status(spec).has_gguf
+    return Path(spec).expanduser().suffix.lower() == ".gguf" and Path(spec).expanduser().is_file()

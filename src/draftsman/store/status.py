@@ -109,14 +109,3 @@ def verify_model(name: str, *, progress: bool = False) -> list[str]:
         problems.extend(verify_folder(status.folder, state.manifest, progress=progress))
     return problems
 
-
-def model_has_gguf(spec: str) -> bool:
-    """Whether `spec` names a model with a GGUF file (a catalogue model, pulled here if it
-    is not yet, or a .gguf path)."""
-    from draftsman.store.catalogue import CATALOGUE
-    from draftsman.store.resolve import resolve_model
-
-    if spec in CATALOGUE:
-        resolve_model(spec)
-        return model_status(spec).has_gguf
-    return Path(spec).expanduser().suffix.lower() == ".gguf" and Path(spec).expanduser().is_file()
