@@ -108,4 +108,3 @@ def verify_model(name: str, *, progress: bool = False) -> list[str]:
             problems.append(f"{status.folder}: {state.reason}")
         problems.extend(verify_folder(status.folder, state.manifest, progress=progress))
     return problems
-

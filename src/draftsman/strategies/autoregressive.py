@@ -17,21 +17,28 @@ from draftsman.strategies.step_machine import SpeculativeSteps
 
 
 class HostRead:
-    """A device scalar's copy to the host, started now and waited for only by `get`, so the
-    host can queue more device work in between (on the CPU, the value itself)."""
+    """One device scalar at a time copied to the host: `start` begins the copy, `get` waits
+    for that copy alone, so the host can queue more device work in between. One pinned
+    buffer and one event per request, reused every token (on the CPU, the value itself)."""
 
-    def __init__(self, value: torch.Tensor) -> None:
-        self.ready: torch.cuda.Event | None = None
-        self.copy = value
-        if value.device.type == "cuda":
-            self.copy = value.to("cpu", non_blocking=True)  # into pinned memory
-            self.ready = torch.cuda.Event()
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.buffer = torch.empty((), dtype=torch.long, pin_memory=True) if self.cuda else None
+        self.ready = torch.cuda.Event() if self.cuda else None
+        self.value: torch.Tensor | None = None
+
+    def start(self, value: torch.Tensor) -> None:
+        if self.cuda:
+            self.buffer.copy_(value, non_blocking=True)
             self.ready.record()
+        else:
+            self.value = value
 
     def get(self) -> int:
-        if self.ready is not None:
+        if self.cuda:
             self.ready.synchronize()  # this copy only: the step queued after it runs on
-        return int(self.copy)
+            return int(self.buffer)
+        return int(self.value)
 
 
 class Autoregressive(Strategy):
@@ -87,8 +94,9 @@ class Autoregressive(Strategy):
         t0 = time.perf_counter()
         token = sampler.pick_tensor(state.feed(prompt_ids, logits_at=LAST).logits[0, -1])
         prefill = True
+        read = HostRead(token.device)
         while True:
-            read = HostRead(token)
+            read.start(token)
             queued = budget.remaining > 1  # a token may follow: queue its step first
             if queued:
                 logits = state.feed_unread(token.view(1), logits_at=LAST).logits[0, -1]
