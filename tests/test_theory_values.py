@@ -27,6 +27,7 @@ from draftsman.theory.speculative import (
     expected_speedup_with_verify_cost,
     expected_tokens_per_step,
     optimal_gamma,
+    optimal_gamma_with_verify_cost,
     oracle_speedup,
     oracle_speedup_from_runs,
     speedup_possible,
@@ -127,6 +128,45 @@ def test_no_gamma_helps_unless_alpha_exceeds_c():
     assert optimal_gamma(0.51, 0.5) == 1 and speedup_possible(0.51, 0.5)
     # free drafts: every extra guess adds α^(γ+1) > 0, so the cap wins
     assert optimal_gamma(0.7, 0.0, max_gamma=6) == 6
+
+
+def test_optimal_gamma_under_a_measured_verify_curve_by_hand():
+    # α = 0.8, c = 0.3, v(n) = 1 + 0.1 (n - 1) (a verify that grows 10% a row):
+    #   γ=1: 1.8 / (0.3 + 1.1) = 1.28571   γ=2: 2.44 / (0.6 + 1.2) = 1.35556
+    #   γ=3: 2.952 / (0.9 + 1.3) = 1.34182  γ=4: 3.3616 / (1.2 + 1.4) = 1.29292
+    def steep(n):
+        return 1 + 0.1 * (n - 1)
+
+    gamma, speedup = optimal_gamma_with_verify_cost(0.8, 0.3, steep)
+    assert gamma == 2 and speedup == pytest.approx(1.3555555556, rel=1e-9)
+    # a flat curve (v = 1) is Theorem 3.8's optimum (OPTIMAL above: α 0.6, c 0.1 -> γ 3)
+    assert optimal_gamma_with_verify_cost(0.6, 0.1, lambda n: 1.0) == (
+        3, pytest.approx(1.6738461538, rel=1e-9))
+    # a verify that costs n forwards: γ=1 gives 1.8 / (0.3 + 2) < 1, no γ pays
+    assert optimal_gamma_with_verify_cost(0.8, 0.3, float) == (0, 1.0)
+
+
+def test_theory_cli_reads_a_verify_profile(tmp_path, capsys):
+    import json
+
+    from draftsman.cli.main import main
+
+    profile = tmp_path / "target-q4-t2.json"
+    profile.write_text(json.dumps({"latency": {"1": 0.1, "5": 0.14}}))  # v(n) = 1 + 0.1 (n - 1)
+    assert main(["theory", "speculative", "--alpha", "0.8", "--c", "0.3,0.6", "--gamma", "1,2",
+                 "--verify-profile", str(profile), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    best = [r for r in rows if "optimal_gamma" in r]
+    assert [(r["c"], r["optimal_gamma"]) for r in best] == [(0.3, 2), (0.6, 1)]
+    assert best[0]["best_speedup"] == pytest.approx(1.3555555556, rel=1e-9)
+    # γ = 1 at c = 0.6: 1.8 / (0.6 + 1.1) = 1.05882
+    assert best[1]["best_speedup"] == pytest.approx(1.0588235294, rel=1e-9)
+    assert rows[0]["verify_cost"] == pytest.approx(1.1)
+    bad = tmp_path / "notes.txt"
+    bad.write_text("x")
+    assert main(["theory", "speculative", "--alpha", "0.8", "--c", "0.3",
+                 "--verify-profile", str(bad)]) != 0
+    assert "not a profile JSON" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- oracle bound

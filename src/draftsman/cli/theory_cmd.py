@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from draftsman.analysis.match_rate import TASK_LABELS
 from draftsman.cli.common import add_group, float_list
 from draftsman.errors import InvalidArgumentError
+from draftsman.profiling import interpolate, load_profile
 from draftsman.theory import pipelined as pt
 from draftsman.theory import speculative as theory
 
@@ -27,9 +29,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = sub.add_parser("speculative", help="tokens per step, speedup and optimal γ",
                        description="Leviathan et al., eq. 1, Theorem 3.8, Corollary 3.9.")
     s.add_argument("--alpha", required=True, help="acceptance rate(s), comma separated")
-    s.add_argument("--c", type=float, required=True,
-                   help="cost of a draft forward relative to a target forward")
+    s.add_argument("--c", required=True,
+                   help="cost of a draft forward relative to a target forward (several, "
+                        "comma separated, to see how cheap a draft must be)")
     s.add_argument("--gamma", default="1,2,3,4,5,6,7,8", help="γ values to tabulate")
+    s.add_argument("--verify-profile", type=Path, default=None, metavar="PROFILE",
+                   help="a forward-cost profile of the target (the JSON `draftsman profile` "
+                        "writes): verifying γ+1 tokens then costs v(γ+1) = L(γ+1) / L(1) "
+                        "target forwards as measured, not 1 as in the paper")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=run_speculative)
 
@@ -56,28 +63,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_speculative(args: argparse.Namespace) -> int:
     gammas = [int(g) for g in float_list(args.gamma, "gamma")]
+    costs = float_list(args.c, "c")
+    if any(c < 0 for c in costs):
+        raise InvalidArgumentError(f"--c must be >= 0, got {args.c}")
+    verify = None if args.verify_profile is None else verify_curve(args.verify_profile)
     rows = []
     for a in float_list(args.alpha, "alpha"):
         if not 0 <= a <= 1:
             raise InvalidArgumentError(f"alpha must be in [0, 1], got {a}")
-        for g in gammas:
-            rows.append({"alpha": a, "gamma": g,
-                         "tokens_per_step": theory.expected_tokens_per_step(a, g),
-                         "speedup": theory.expected_speedup(a, g, args.c)})
-        rows.append({"alpha": a, "optimal_gamma": theory.optimal_gamma(a, args.c),
-                     "speedup_possible": theory.speedup_possible(a, args.c)})
+        for c in costs:
+            rows.extend(speculative_rows(a, c, gammas, verify))
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'alpha':>6} {'gamma':>6} {'tokens/step':>12} {'speedup':>8}")
+    print(f"{'alpha':>6} {'c':>5} {'gamma':>6} {'tokens/step':>12} {'v(γ+1)':>7} {'speedup':>8}")
     for r in rows:
         if "gamma" in r:
-            print(f"{r['alpha']:>6.2f} {r['gamma']:>6} {r['tokens_per_step']:>12.3f} "
-                  f"{r['speedup']:>8.3f}")
+            print(f"{r['alpha']:>6.2f} {r['c']:>5.2f} {r['gamma']:>6} "
+                  f"{r['tokens_per_step']:>12.3f} {r['verify_cost']:>7.2f} {r['speedup']:>8.3f}")
         else:
-            print(f"{r['alpha']:>6.2f} optimal γ = {r['optimal_gamma']} "
-                  f"(speedup possible: {r['speedup_possible']})")
+            print(f"{r['alpha']:>6.2f} {r['c']:>5.2f} optimal γ = {r['optimal_gamma']}, speedup "
+                  f"{r['best_speedup']:.3f} (speedup possible: {r['speedup_possible']})")
     return 0
+
+
+def verify_curve(path: Path) -> Callable[[int], float]:
+    """v(n) = L(n) / L(1) from a saved forward-cost profile (piecewise linear between the
+    measured lengths, linear past the last)."""
+    latency = load_profile(path) if path.suffix == ".json" else None
+    if not latency:
+        raise InvalidArgumentError(f"--verify-profile {path}: not a profile JSON "
+                                   "(`draftsman profile` writes them)")
+    one = interpolate(latency, 1)
+    return lambda n: interpolate(latency, n) / one
+
+
+def speculative_rows(alpha: float, c: float, gammas: list[int],
+                     verify: Callable[[int], float] | None) -> list[dict]:
+    """One row per γ, then the optimum: with `verify`, each step's verify costs v(γ+1)
+    target forwards (expected_speedup_with_verify_cost); without, 1 (Theorem 3.8)."""
+    rows = []
+    for g in gammas:
+        v = 1.0 if verify is None else verify(g + 1)
+        rows.append({"alpha": alpha, "c": c, "gamma": g, "verify_cost": v,
+                     "tokens_per_step": theory.expected_tokens_per_step(alpha, g),
+                     "speedup": theory.expected_speedup_with_verify_cost(alpha, g, c, v)})
+    if verify is None:
+        best = theory.optimal_gamma(alpha, c)
+        speedup = theory.expected_speedup(alpha, best, c) if best else 1.0
+    else:
+        best, speedup = theory.optimal_gamma_with_verify_cost(alpha, c, verify)
+    rows.append({"alpha": alpha, "c": c, "optimal_gamma": best, "best_speedup": speedup,
+                 "speedup_possible": best > 0})
+    return rows
 
 
 def run_pipelined(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ Any speedup needs α > c (Corollary 3.9). α for a draft q against a target p is
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 
 def expected_tokens_per_step(alpha: float, gamma: float) -> float:
@@ -44,6 +45,20 @@ def optimal_gamma(alpha: float, cost_ratio: float, max_gamma: int = 32) -> int:
         if s > best + 1e-12:
             best_gamma, best = gamma, s
     return best_gamma
+
+
+def optimal_gamma_with_verify_cost(alpha: float, draft_cost: float,
+                                   verify_cost: Callable[[int], float],
+                                   max_gamma: int = 32) -> tuple[int, float]:
+    """(γ, speedup) maximising `expected_speedup_with_verify_cost` when verifying n tokens
+    costs `verify_cost(n)` one-token target forwards (a measured curve); (0, 1.0) when no
+    γ beats the target alone."""
+    best_gamma, best = 0, 1.0
+    for gamma in range(1, max_gamma + 1):
+        s = expected_speedup_with_verify_cost(alpha, gamma, draft_cost, verify_cost(gamma + 1))
+        if s > best + 1e-12:
+            best_gamma, best = gamma, s
+    return best_gamma, best
 
 
 def speedup_possible(alpha: float, cost_ratio: float) -> bool:
