@@ -162,11 +162,12 @@ def test_theory_cli_reads_a_verify_profile(tmp_path, capsys):
     # γ = 1 at c = 0.6: 1.8 / (0.6 + 1.1) = 1.05882
     assert best[1]["best_speedup"] == pytest.approx(1.0588235294, rel=1e-9)
     assert rows[0]["verify_cost"] == pytest.approx(1.1)
-    bad = tmp_path / "notes.txt"
-    bad.write_text("x")
-    assert main(["theory", "speculative", "--alpha", "0.8", "--c", "0.3",
-                 "--verify-profile", str(bad)]) != 0
-    assert "not a profile JSON" in capsys.readouterr().err
+    for name, text in (("notes.txt", "x"), ("other.json", '{"rows": 3}'), ("cut.json", "{")):
+        bad = tmp_path / name
+        bad.write_text(text)
+        assert main(["theory", "speculative", "--alpha", "0.8", "--c", "0.3",
+                     "--verify-profile", str(bad)]) != 0
+        assert "not a profile JSON" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- oracle bound

@@ -90,7 +90,10 @@ def run_speculative(args: argparse.Namespace) -> int:
 def verify_curve(path: Path) -> Callable[[int], float]:
     """v(n) = L(n) / L(1) from a saved forward-cost profile (piecewise linear between the
     measured lengths, linear past the last)."""
-    latency = load_profile(path) if path.suffix == ".json" else None
+    try:
+        latency = load_profile(path) if path.suffix == ".json" else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        latency = None  # unreadable, not JSON, or JSON of another shape
     if not latency:
         raise InvalidArgumentError(f"--verify-profile {path}: not a profile JSON "
                                    "(`draftsman profile` writes them)")
