@@ -108,10 +108,10 @@ def main() -> None:
     kinds = (KQuantMatrix, KQuantAmxMatrix)
     blocks = sum((m.blocks if isinstance(m, KQuantMatrix) else m.packed).numel()
                  for m in model.modules() if isinstance(m, kinds))
-    cache = model.new_cache(a.context + 64)
+    rows = [int(r) for r in a.rows.split(",")]
+    cache = model.new_cache(a.context + max(rows))
     model(torch.randint(0, 1000, (1, a.context)), torch.arange(a.context)[None], cache,
           logits_at=slice(-1, None))
-    rows = [int(r) for r in a.rows.split(",")]
     logits_at = slice(None) if a.all_logits else slice(-1, None)
     real = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
     kernel_forwards = [kind.forward for kind in kinds]
