@@ -64,12 +64,23 @@ def main() -> int:
     p.add_argument("--bound-guesses", action="store_true",
                    help="each batched server also bounds its shared steps' guesses at its "
                         "--prefill-stall value (serve --max-step-cost)")
+    p.add_argument("--max-step-cost", default=None,
+                   help="per batched server, in --prefill-stall's order: its serve "
+                        "--max-step-cost, or - for none (e.g. -,1.5,1.3 with --prefill-stall "
+                        "2.0,1.5,1.3)")
     p.add_argument("--trees", action="store_true",
                    help="also time tree requests on our batched server (prompt lookup, "
                         "branches=auto: their trees share the batched forward)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     stalls = [s.strip() for s in args.prefill_stall.split(",") if s.strip()]
+    if args.max_step_cost is not None and args.bound_guesses:
+        raise SystemExit("--max-step-cost and --bound-guesses: give one of them")
+    bounds = ([b.strip() for b in args.max_step_cost.split(",")] if args.max_step_cost
+              else [v if args.bound_guesses else "-" for v in stalls])
+    if len(bounds) != len(stalls):
+        raise SystemExit(f"--max-step-cost: {len(bounds)} values for {len(stalls)} "
+                         "--prefill-stall values")
     parallel = max(int(c) for c in args.concurrency.split(","))
     serve = [str(VENV / "bin" / "draftsman"), "serve", "--target", args.target, "--backend",
              "torch", "--dtype", "q4", "--threads", str(args.threads), "--parallel",
@@ -78,13 +89,19 @@ def main() -> int:
     on_llama = list(serve)
     on_llama[on_llama.index("torch")] = "llama.cpp"
     del on_llama[on_llama.index("--dtype"):on_llama.index("--dtype") + 2]
-    def stall(v: str) -> list[str]:
-        return ["--prefill-stall", v] + (["--max-step-cost", v] if args.bound_guesses else [])
+    def stall(i: int) -> list[str]:
+        bound = bounds[i]
+        return ["--prefill-stall", stalls[i]] + ([] if bound == "-" else
+                                                 ["--max-step-cost", bound])
+
+    def label(i: int) -> str:
+        return f"ours-batched@stall{stalls[i]}" + ("" if bounds[i] == "-" else
+                                                  f",step{bounds[i]}")
 
     commands = {
-        "ours-batched": (8101, serve + ["--port", "8101", *stall(stalls[0])]),
-        **{f"ours-batched@stall{v}": (8111 + i, serve + ["--port", str(8111 + i), *stall(v)])
-           for i, v in enumerate(stalls[1:])},
+        "ours-batched": (8101, serve + ["--port", "8101", *stall(0)]),
+        **{label(i): (8110 + i, serve + ["--port", str(8110 + i), *stall(i)])
+           for i in range(1, len(stalls))},
         "ours-no-batch": (8102, serve + ["--port", "8102", "--no-batch"]),
         "ours-llama.cpp": (8104, on_llama + ["--port", "8104"]),
     }
