@@ -66,7 +66,7 @@ def main() -> int:
                         "--prefill-stall value (serve --max-step-cost)")
     p.add_argument("--max-step-cost", default=None,
                    help="per batched server, in --prefill-stall's order: its serve "
-                        "--max-step-cost, or - for none (e.g. -,1.5,1.3 with --prefill-stall "
+                        "--max-step-cost, or off (e.g. off,1.5,1.3 with --prefill-stall "
                         "2.0,1.5,1.3)")
     p.add_argument("--trees", action="store_true",
                    help="also time tree requests on our batched server (prompt lookup, "
@@ -77,7 +77,7 @@ def main() -> int:
     if args.max_step_cost is not None and args.bound_guesses:
         raise SystemExit("--max-step-cost and --bound-guesses: give one of them")
     bounds = ([b.strip() for b in args.max_step_cost.split(",")] if args.max_step_cost
-              else [v if args.bound_guesses else "-" for v in stalls])
+              else [v if args.bound_guesses else "off" for v in stalls])
     if len(bounds) != len(stalls):
         raise SystemExit(f"--max-step-cost: {len(bounds)} values for {len(stalls)} "
                          "--prefill-stall values")
@@ -91,11 +91,11 @@ def main() -> int:
     del on_llama[on_llama.index("--dtype"):on_llama.index("--dtype") + 2]
     def stall(i: int) -> list[str]:
         bound = bounds[i]
-        return ["--prefill-stall", stalls[i]] + ([] if bound == "-" else
+        return ["--prefill-stall", stalls[i]] + ([] if bound == "off" else
                                                  ["--max-step-cost", bound])
 
     def label(i: int) -> str:
-        return f"ours-batched@stall{stalls[i]}" + ("" if bounds[i] == "-" else
+        return f"ours-batched@stall{stalls[i]}" + ("" if bounds[i] == "off" else
                                                   f",step{bounds[i]}")
 
     commands = {
