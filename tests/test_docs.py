@@ -172,6 +172,16 @@ def test_new_kinds_read_their_folders() -> None:
     assert "| speculative:draft=prompt-lookup,gamma=7: 2.09× |" in gpu  # = first-run/summary.md
 
 
+def test_a_load_table_keeps_the_servers_asked_for() -> None:
+    table = render("bench-results/load-amx-aligned",
+                   {"table": "load", "servers": "ours-batched+lookup|llama-server"})
+    assert "| 4 | ours-batched+lookup | 35.7 | 1.55 / 4.44 | 106 / 243 | 67 | 0 |" in table
+    assert "| 0.3/s | llama-server | 14.2 |" in table
+    assert "plain" not in table.split("\n\n", 1)[1]  # the rows; the command names them all
+    with pytest.raises(DocsTableError, match="no server nobody"):
+        render("bench-results/load-amx-aligned", {"table": "load", "servers": "nobody"})
+
+
 def test_provenance_says_what_the_folder_records(tmp_path: Path) -> None:
     rows = [{"env": {"cpu": "CPU X", "git_commit": f"{i}" * 40}} for i in range(5)]
     line = provenance(tmp_path, rows)

@@ -15,7 +15,8 @@ Options (all optional, space separated KEY=VALUE without spaces in a value):
                                (`prefill_share`); table=kernels: a `scripts/kernel_curves.py`
                                folder; table=curves files=a.json|b.json: forward-cost
                                profiles (JSON files under the folder); table=load: a
-                               `draftsman loadtest` folder's table (other options unused);
+                               `draftsman loadtest` folder's table (`servers=a|b`: only
+                               these servers' rows; other options unused);
                                table=prompt: `analyze parallel-prompt`'s speed per set;
                                table=match-rate [files=M/match_rate.json|...]: `analyze
                                match-rate`'s p̂ at d/2 and 3d/4; table=latency: `analyze
@@ -74,7 +75,8 @@ TABLES = {"speed": speed_table, "time": time_table}
 FOLDER_KINDS = {"prompt": prompt_table, "match-rate": match_rate_table,
                 "latency": latency_table, "gpu": gpu_table}
 KINDS = "speed, time, quality, sets, prefill, kernels, curves, load, " + ", ".join(FOLDER_KINDS)
-OPTIONS = ("table", "baseline", "columns", "labels", "dataset", "value", "files", "acceptance")
+OPTIONS = ("table", "baseline", "columns", "labels", "dataset", "value", "files", "acceptance",
+           "servers")
 MAX_COMMITS = 3  # more are summarised as the first and the last measured
 __all__ = ["DocsTableError", "check", "regenerate", "render"]
 
@@ -177,7 +179,14 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
                   (folder / "results.jsonl").read_text().splitlines() if line.strip()]
         if not rounds:
             raise DocsTableError(f"{folder}: no rounds in results.jsonl")
-        return provenance(folder, rounds) + "\n\n" + summary_table(rounds) + "\n"
+        shown = rounds
+        if "servers" in options:
+            wanted = options["servers"].split("|")
+            missing = [w for w in wanted if w not in {r["server"] for r in rounds}]
+            if missing:
+                raise DocsTableError(f"{folder_name}: no server {', '.join(missing)}")
+            shown = [r for r in rounds if r["server"] in wanted]
+        return provenance(folder, rounds) + "\n\n" + summary_table(shown) + "\n"
     sources = [folder]
     if kind in FOLDER_KINDS:  # an analysis or GPU-check folder: its own files, not rows
         table, sources, rows = FOLDER_KINDS[kind](folder, options, root)
