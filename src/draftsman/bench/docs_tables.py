@@ -181,8 +181,8 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
             raise DocsTableError(f"{folder}: no rounds in results.jsonl")
         shown = rounds
         if "servers" in options:
-            wanted = options["servers"].split("|")
-            missing = [w for w in wanted if w not in {r["server"] for r in rounds}]
+            wanted, present = options["servers"].split("|"), {r["server"] for r in rounds}
+            missing = [w for w in wanted if w not in present]
             if missing:
                 raise DocsTableError(f"{folder_name}: no server {', '.join(missing)}")
             shown = [r for r in rounds if r["server"] in wanted]
