@@ -283,7 +283,8 @@ def test_wrong_shapes_and_missing_tensors_are_refused():
 
 def test_parse_dtype_folds_int8_into_q8():
     assert parse_dtype("q4") == "q4" and parse_dtype("q8") == "q8" == parse_dtype("int8")
-    with pytest.raises(DraftsmanError, match="q4 or q8"):
+    assert parse_dtype("q4-draft") == "q4-draft"
+    with pytest.raises(DraftsmanError, match="q4-draft or q8"):
         parse_dtype("q3")
 
 

@@ -32,7 +32,12 @@ from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.loader import load_model
 from draftsman.models.static_step import StaticConfig, StaticModel
-from draftsman.models.weight_formats import gguf_source, is_quantised, parse_dtype
+from draftsman.models.weight_formats import (
+    companion_dtype,
+    gguf_source,
+    is_quantised,
+    parse_dtype,
+)
 from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
 from draftsman.store.resolve import model_has_gguf
@@ -266,11 +271,19 @@ class Engine:
         self._models: dict[str, LoadedModel] = {target.name: target}
 
     # ---- models -------------------------------------------------------------------
-    def model(self, spec: str) -> LoadedModel:
-        """Load (once) and return a companion model, checked against the target's vocabulary."""
-        if spec not in self._models:
-            bundle = load_bundle(spec, self.dtype, self.backend, self.numerics, self.device,
-                                 self.static)
+    def companion_dtype(self, dtype: str | torch.dtype | None = None) -> str | torch.dtype:
+        """The format a companion model (a draft) loads in: `dtype` when given, else the
+        engine's own, with q4 engines loading drafts as q4-draft (weight_formats)."""
+        return parse_dtype(dtype) if dtype is not None else companion_dtype(self.dtype)
+
+    def model(self, spec: str, dtype: str | torch.dtype | None = None) -> LoadedModel:
+        """Load (once) and return a companion model, checked against the target's vocabulary;
+        in `self.companion_dtype(dtype)` (only the torch backend has formats to choose)."""
+        fmt = self.companion_dtype(dtype)
+        key = spec if dtype is None or fmt == self.companion_dtype() else f"{spec} ({fmt})"
+        if key not in self._models:
+            bundle = load_bundle(spec, fmt if self.backend == "torch" else self.dtype,
+                                 self.backend, self.numerics, self.device, self.static)
             check_same_vocabulary(self.target.tokenizer, bundle.tokenizer, self.target.name,
                                   bundle.name)
             if bundle.config.vocab_size != self.target.config.vocab_size:
@@ -278,8 +291,8 @@ class Engine:
                     f"{spec} has {bundle.config.vocab_size} logits and {self.target.name} "
                     f"{self.target.config.vocab_size}; padded vocabularies are not supported"
                 )
-            self._models[spec] = bundle
-        return self._models[spec]
+            self._models[key] = bundle
+        return self._models[key]
 
     def warm_up(self) -> None:
         """Compile and capture each loaded model's static steps now (StaticModel.warm_up)."""

@@ -63,13 +63,15 @@ def wanted_lengths(rows: int) -> tuple[int, ...]:
     return tuple(n for n in PROFILE_LENGTHS if n <= top)
 
 
-def latency_profile(engine: Engine, name: str, model: Any, rows: int = 16) -> dict[int, float]:
+def latency_profile(engine: Engine, name: str, model: Any, rows: int = 16,
+                    kind: str | None = None) -> dict[int, float]:
     """{n: seconds of one forward over n new tokens} for `model` (the target or a draft)
-    on this engine's backend, dtype and thread count, measured once and cached. Only the
+    on this engine's backend and thread count, in the target's numbers or `kind` (a
+    draft's own format), measured once and cached. Only the
     lengths a curve up to `rows` needs are measured (a batch scheduler's 64 rows cost four
     times a single request's 16 to measure); a later, longer need measures the rest."""
     threads = torch.get_num_threads()
-    kind = engine_kind(engine)
+    kind = kind or engine_kind(engine)
     path = profile_path(name, kind, threads)
     latency = load_profile(path) or {}
     wanted = wanted_lengths(rows)
@@ -92,10 +94,12 @@ def verify_cost_curve(engine: Engine, max_tokens: int) -> dict[int, float]:
     return {n: interpolate(latency, n) / base for n in range(1, max_tokens + 1)}
 
 
-def draft_cost_ratio(engine: Engine, draft: str) -> float:
-    """c before any step: one forward of the draft model / one forward of the target."""
-    loaded = engine.model(draft)
-    mine = latency_profile(engine, loaded.name, loaded.model)[1]
+def draft_cost_ratio(engine: Engine, draft: str, dtype: str | None = None) -> float:
+    """c before any step: one forward of the draft model (in its format, Engine.model) /
+    one forward of the target."""
+    loaded = engine.model(draft, dtype)
+    kind = model_kind(loaded.model, engine.companion_dtype(dtype))
+    mine = latency_profile(engine, loaded.name, loaded.model, kind=kind)[1]
     return mine / latency_profile(engine, engine.target.name, engine.target.model)[1]
 
 

@@ -25,6 +25,10 @@ Which GGUF block types map how, under `q4`:
   levels than these blocks, so a row loses at most half a step of max|row| / 127 (per-row
   instead of per-block scales), never bits the GGUF stored; the tests measure it.
 - anything else: UnsupportedError naming the tensor and its type.
+Under `q4-draft` (a draft's format: its guesses are checked, so it may lose precision the
+GGUF kept) Q4_K matrices run as stored and every other one is requantised to Q4_K at load
+(`draftsman::quantize_q4k`, kernels/kquant_quantize.cpp), its input padded with zeros to a
+multiple of 256 (the 0.5B's 896-wide Q5_0 matrices: 0.56 bytes a weight instead of int8's 1).
 Under `q8` every matrix takes the int8 path. Embeddings, norms, biases and the KV cache
 stay in the activation dtype; the LM head (tied to the embeddings or not) is quantised.
 """
@@ -43,7 +47,7 @@ from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedEr
 from draftsman.kernels.native import kquant_amx, kquant_available, unavailable_reason
 from draftsman.models.base import DecoderLM
 from draftsman.models.llama import FUSED_LINEARS
-from draftsman.models.weight_formats import QUANT_KINDS, activation_bits, int8_kernel
+from draftsman.models.weight_formats import FORMATS, QUANT_KINDS, activation_bits, int8_kernel
 from draftsman.store.gguf_blocks import BlockTensor
 
 GROUP = 32  # int4 group size: one Q4_0/Q4_1 block, one Q4_K sub-block
@@ -173,6 +177,29 @@ class KQuantAmxMatrix(nn.Module):
         if x.dtype not in (torch.float32, torch.bfloat16):
             return self(x.float()).to(x.dtype)
         return torch.ops.draftsman.kquant_amx_mm(x, self.packed, self.qtype, self.out_features)
+
+
+class PaddedInput(nn.Module):
+    """A matrix whose input width was padded with zero weights to `width`: the activations
+    are padded with zeros to match, so the product is the unpadded one."""
+
+    def __init__(self, inner: nn.Module, width: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.width = width
+        self.out_features = inner.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(nn.functional.pad(x, (0, self.width - x.shape[-1])))
+
+
+def requantized_q4k(w: torch.Tensor) -> nn.Module:
+    """[N, K] float weights as Q4_K blocks on the K-quant kernel, K padded to a multiple
+    of 256 (kernels/kquant_quantize.cpp)."""
+    rows = torch.ops.draftsman.quantize_q4k(w.float().contiguous())
+    width = -(-w.shape[1] // KQUANT_WIDTH) * KQUANT_WIDTH
+    matrix = kquant_matrix([BlockTensor("requantised", _Q4_K, (w.shape[0], width), rows.numpy())])
+    return matrix if width == w.shape[1] else PaddedInput(matrix, width)
 
 
 def kquant_matrix(blocks: list[BlockTensor]) -> nn.Module:
@@ -343,11 +370,15 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
     native: list[BlockTensor] = []
     int4: list[Int4Rows] = []
     int8: list[torch.Tensor] = []
+    requant: list[torch.Tensor] = []
 
     def flush() -> None:
         if native:
             parts.append(kquant_matrix(native[:]))
             native.clear()
+        if requant:
+            parts.append(requantized_q4k(torch.cat(requant)))
+            requant.clear()
         if int4:
             parts.append(Int4Matrix(Int4Rows(*(torch.cat(xs) for xs in zip(
                 *((r.q, r.scale, r.zero) for r in int4), strict=True))), dtype))
@@ -356,23 +387,31 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
             parts.append(int8_matrix(torch.cat(int8), dtype))
             int8.clear()
 
+    draft = kind == "q4-draft" and kquant_available()
     for _, src in sources:
-        if isinstance(src, torch.Tensor):
+        if draft and not (isinstance(src, BlockTensor) and src.qtype == _Q4_K
+                          and takes_native(src)):
+            name = src.type_name if isinstance(src, BlockTensor) else "float"
+            summary[f"{name} -> Q4_K kernel (requantised)"] += 1
+            if native or int4 or int8:
+                flush()
+            requant.append(src.float() if isinstance(src, torch.Tensor) else dequantize_rows(src))
+        elif isinstance(src, torch.Tensor):
             summary["float -> int8 per row"] += 1
             int8.append(src.float())
-        elif kind == "q4" and takes_native(src):
+        elif kind.startswith("q4") and takes_native(src):
             summary[f"{src.type_name} -> {src.type_name} kernel (as stored)"] += 1
-            if int4 or int8 or (native and native[0].qtype != src.qtype):
+            if int4 or int8 or requant or (native and native[0].qtype != src.qtype):
                 flush()
             native.append(src)
-        elif kind == "q4" and src.qtype in INT4_EXACT:
+        elif kind.startswith("q4") and src.qtype in INT4_EXACT:
             summary[f"{src.type_name} -> int4 (exact)"] += 1
-            if int8 or native:
+            if int8 or native or requant:
                 flush()
             int4.append(decode_int4(src))
         else:
             summary[f"{src.type_name} -> int8 per row (requantised)"] += 1
-            if int4 or native:
+            if int4 or native or requant:
                 flush()
             int8.append(dequantize_rows(src))
     flush()
@@ -390,10 +429,11 @@ def quantize_model(model: DecoderLM, kind: str,
     kernels build, the small ops between the matrices take them too (`use_fused_cpu_ops`).
     """
     if kind not in QUANT_KINDS:
-        raise InvalidArgumentError(f"unknown quantisation {kind!r}; choose q4 or q8")
-    if kind == "q4" and blocks is None:
+        raise InvalidArgumentError(f"unknown quantisation {kind!r}; choose "
+                                   + ", ".join(QUANT_KINDS))
+    if FORMATS[kind].needs_gguf and blocks is None:
         raise InvalidArgumentError(
-            "--dtype q4 runs a GGUF's own 4-bit blocks: pass a catalogue name or a .gguf file")
+            f"--dtype {kind} runs a GGUF's own blocks: pass a catalogue name or a .gguf file")
     dtype, tied = model.dtype, model.config.tie_word_embeddings
     summary: Counter = Counter()
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]

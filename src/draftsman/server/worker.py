@@ -326,11 +326,15 @@ def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> 
     load = engine.model
     fallback = engine.default_draft
 
-    def model(spec: str):
+    def model(spec: str, dtype=None):
         if spec not in resident:
             raise ModelNotFoundError(
                 f"model {spec!r} is not loaded in this server; available drafts: "
                 f"{', '.join(drafts) or 'none'} (and the drafters ngram, prompt-lookup, suffix)")
+        if dtype is not None and engine.companion_dtype(dtype) != engine.companion_dtype():
+            raise ModelNotFoundError(
+                f"model {spec!r} is loaded in this server as {engine.companion_dtype()}, "
+                f"not {dtype}")
         return load(spec)
 
     def default() -> str:
