@@ -29,7 +29,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                              f"(default: {DEFAULT_TARGET})")
     parser.add_argument("--dtype", default=None, choices=DTYPE_CHOICES,
                         help="weights: bf16, fp32, or q4 / q8 on integer CPU kernels fed the "
-                             "GGUF's own blocks (int8 = q8); fp32, q4 or q8 also make "
+                             "GGUF's own blocks (int8 = q8; a q4 engine's drafts load as "
+                             "q4-draft, every matrix on Q4_K); fp32, q4 or q8 also make "
                              "--backend auto choose torch. Default: with --backend auto, the "
                              "backend and dtype `draftsman bench` measured fastest on this "
                              "CPU (--verbose says which record), else bf16")
