@@ -1,5 +1,5 @@
 """q4-draft: a draft's matrices all on Q4_K blocks (models/quant_linear.py,
-kernels/kquant_quantize.cpp), and engines that load their drafts in it (engine.py).
+kernels/gguf_convert.cpp), and engines that load their drafts in it (engine.py).
 
 The requantiser's bytes must be Q4_K as gguf reads them (a wrong scale packing or nibble
 order shows up as a large error against the float weights), padding must add exactly zero,

@@ -18,6 +18,7 @@ from test_speculative import prompts, run
 from tiny import hf_model
 
 from draftsman.errors import DraftsmanError, UnsupportedError
+from draftsman.kernels.native import kquant_available
 from draftsman.models import quant_linear
 from draftsman.models.config import ModelConfig
 from draftsman.models.loader import build_model
@@ -108,6 +109,33 @@ def quantised(config, state, blocks, kind="q4", dtype=torch.float32):
 
 
 # ----------------------------------------------------------------------------- block maps
+
+
+BLOCK = {Q.Q4_0: (32, 18), Q.Q4_1: (32, 20), Q.Q5_0: (32, 22), Q.Q5_1: (32, 24),
+         Q.Q8_0: (32, 34), Q.Q4_K: (256, 144), Q.Q5_K: (256, 176), Q.Q6_K: (256, 210)}
+
+
+@pytest.mark.skipif(not kquant_available(), reason="the kernels do not build here")
+@pytest.mark.parametrize("qtype", list(BLOCK))
+def test_native_decoding_is_ggufs_bit_for_bit(qtype):
+    """kernels/gguf_convert.cpp's decoder (q8 and q4-draft load through it) against
+    gguf-py's numpy one, on random blocks with sane fp16 scales (fp16 fields at their
+    offsets: d (and m / dmin) first, Q6_K's d last)."""
+    size, nbytes = BLOCK[qtype]
+    rng = np.random.default_rng(int(qtype))
+    n, k = 24, 512
+    rows = rng.integers(0, 256, (n, k // size, nbytes), dtype=np.uint8)
+    fields = [208] if qtype == Q.Q6_K else [0, 2] if qtype in (Q.Q4_1, Q.Q5_1, Q.Q4_K,
+                                                                     Q.Q5_K) else [0]
+    for at in fields:
+        rows[..., at:at + 2] = (rng.uniform(0.1, 1, (n, k // size, 1)) * 0.01).astype(
+            np.float16).view(np.uint8)
+    rows = rows.reshape(n, -1)
+    want = torch.from_numpy(dequantize(rows, qtype).astype(np.float32)).reshape(n, k)
+    got = dequantize_rows(BlockTensor("w", int(qtype), (n, k), rows))
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    rows[0, 5] ^= 0x11  # the decoder reads the bytes it is given
+    assert not torch.equal(dequantize_rows(BlockTensor("w", int(qtype), (n, k), rows)), got)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K])

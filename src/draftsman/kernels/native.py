@@ -28,7 +28,7 @@ from draftsman.store.home import draftsman_home
 # them in a decode step; HEADERS are part of the build's key
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("gguf_matmul.cpp", "gguf_matmul_amx.cpp", "gguf_pack_amx.cpp",
-                 "kquant_quantize.cpp", "decode_ops.cpp", "attention_ops.cpp"))
+                 "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "amx_records.h", "simd_math.h"))
 _reason: list[str] = []

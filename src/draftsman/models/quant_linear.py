@@ -27,7 +27,7 @@ Which GGUF block types map how, under `q4`:
 - anything else: UnsupportedError naming the tensor and its type.
 Under `q4-draft` (a draft's format: its guesses are checked, so it may lose precision the
 GGUF kept) Q4_K matrices run as stored and every other one is requantised to Q4_K at load
-(`draftsman::quantize_q4k`, kernels/kquant_quantize.cpp), its input padded with zeros to a
+(`draftsman::quantize_q4k`, kernels/gguf_convert.cpp), its input padded with zeros to a
 multiple of 256 (the 0.5B's 896-wide Q5_0 matrices: 0.56 bytes a weight instead of int8's 1).
 Under `q8` every matrix takes the int8 path. Embeddings, norms, biases and the KV cache
 stay in the activation dtype; the LM head (tied to the embeddings or not) is quantised.
@@ -105,11 +105,19 @@ def decode_int4(t: BlockTensor) -> Int4Rows:
     raise UnsupportedError(f"{t.name}: {t.type_name} has no exact int4 form")
 
 
+# GGML types kernels/gguf_convert.cpp decodes (bit-identical to gguf-py, ~20x faster)
+NATIVE_DECODE = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
+
+
 def dequantize_rows(t: BlockTensor) -> torch.Tensor:
     """[N, K] float32 weights of any type gguf can dequantise; UnsupportedError otherwise."""
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    if t.qtype in NATIVE_DECODE and kquant_available():
+        rows = t.rows if t.rows.flags.writeable else np.array(t.rows)  # torch wants writable
+        return torch.ops.draftsman.dequantize_blocks(
+            torch.from_numpy(np.ascontiguousarray(rows)), t.qtype, t.shape[1])
     try:
         qtype = GGMLQuantizationType(t.qtype)
         if qtype == GGMLQuantizationType.F32:
@@ -195,7 +203,7 @@ class PaddedInput(nn.Module):
 
 def requantized_q4k(w: torch.Tensor) -> nn.Module:
     """[N, K] float weights as Q4_K blocks on the K-quant kernel, K padded to a multiple
-    of 256 (kernels/kquant_quantize.cpp)."""
+    of 256 (kernels/gguf_convert.cpp)."""
     rows = torch.ops.draftsman.quantize_q4k(w.float().contiguous())
     width = -(-w.shape[1] // KQUANT_WIDTH) * KQUANT_WIDTH
     matrix = kquant_matrix([BlockTensor("requantised", _Q4_K, (w.shape[0], width), rows.numpy())])
@@ -233,7 +241,8 @@ def int8_rows(w: torch.Tensor, dtype: torch.dtype = torch.float32
     """Symmetric int8 per output row: (q [N, K] int8 in -127..127, scale [N] in `dtype`)
     with w ~= q * scale[:, None] within half a step (q is rounded against the scale as
     stored). -128 is never used, so every int8 kernel's sign tricks hold."""
-    scale = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(dtype)
+    top = torch.maximum(w.amax(dim=1), -w.amin(dim=1))  # max |w| without an |w| copy
+    scale = (top.clamp_min(1e-12) / 127.0).to(dtype)
     step = scale.float()[:, None]
     q = torch.empty(w.shape, dtype=torch.int8)
     for i in range(0, w.shape[0], 1024):  # in slices: no full-size float temporaries (2x faster)
