@@ -396,9 +396,10 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
             parts.append(int8_matrix(torch.cat(int8), dtype))
             int8.clear()
 
-    draft = kind == "q4-draft" and kquant_available()
+    fmt = FORMATS[kind]
+    requantise = fmt.requantises_to_q4k and kquant_available()
     for _, src in sources:
-        if draft and not (isinstance(src, BlockTensor) and src.qtype == _Q4_K
+        if requantise and not (isinstance(src, BlockTensor) and src.qtype == _Q4_K
                           and takes_native(src)):
             name = src.type_name if isinstance(src, BlockTensor) else "float"
             summary[f"{name} -> Q4_K kernel (requantised)"] += 1
@@ -408,12 +409,12 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
         elif isinstance(src, torch.Tensor):
             summary["float -> int8 per row"] += 1
             int8.append(src.float())
-        elif kind.startswith("q4") and takes_native(src):
+        elif fmt.keeps_4bit and takes_native(src):
             summary[f"{src.type_name} -> {src.type_name} kernel (as stored)"] += 1
             if int4 or int8 or requant or (native and native[0].qtype != src.qtype):
                 flush()
             native.append(src)
-        elif kind.startswith("q4") and src.qtype in INT4_EXACT:
+        elif fmt.keeps_4bit and src.qtype in INT4_EXACT:
             summary[f"{src.type_name} -> int4 (exact)"] += 1
             if int8 or native or requant:
                 flush()

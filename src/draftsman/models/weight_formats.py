@@ -39,12 +39,16 @@ class WeightFormat:
     name: str
     needs_gguf: bool  # its weights exist only as a GGUF's blocks
     summary: str
+    keeps_4bit: bool = False  # 4-bit blocks run as stored (K-quant kernel, exact int4)
+    requantises_to_q4k: bool = False  # every other matrix becomes Q4_K blocks at load
 
 
 FORMATS = {
-    "q4": WeightFormat("q4", True, "a GGUF's own 4-bit blocks (K-quants on draftsman's kernel)"),
+    "q4": WeightFormat("q4", True, "a GGUF's own 4-bit blocks (K-quants on draftsman's kernel)",
+                       keeps_4bit=True),
     "q4-draft": WeightFormat("q4-draft", True, "q4 with every matrix on Q4_K blocks (the "
-                                                "wider ones requantised; for drafts)"),
+                                                "wider ones requantised; for drafts)",
+                             keeps_4bit=True, requantises_to_q4k=True),
     "q8": WeightFormat("q8", False, "int8 per output row (oneDNN int8 GEMM where the CPU has "
                                     "VNNI/AMX, else PyTorch's weight-only int8)"),
 }
