@@ -105,26 +105,6 @@ void sub_block_products(const uint8_t* x, int64_t xstride, int width, const uint
   }
 }
 
-// The same C_j with AVX-512 VNNI (vpdpbusd: 4 unsigned weights x 4 signed activations into
-// each column's int32 lane), for the few rows where a tile's fixed cost does not pay. The
-// sums are exact integers either way, so a row's output does not depend on which ran.
-void sub_block_products_vnni(const uint8_t* x, int64_t xstride, int rows, int width,
-                             const uint8_t* bq, int count, int32_t* cbuf) {
-  for (int j = 0; j < count; ++j) {
-    const uint8_t* b = bq + 16 * width * j;
-    for (int m = 0; m < rows; ++m) {
-      const uint8_t* xm = x + m * xstride + width * j;
-      __m512i c = _mm512_setzero_si512();
-      for (int r = 0; r < width / 4; ++r) {
-        int32_t four;
-        std::memcpy(&four, xm + 4 * r, 4);
-        c = _mm512_dpbusd_epi32(c, _mm512_load_si512(b + 64 * r), _mm512_set1_epi32(four));
-      }
-      _mm512_store_si512(cbuf + TILE_ROWS * COLS * j + COLS * m, c);
-    }
-  }
-}
-
 // The record 8 ahead, into L2: at 16 rows a record's vector work is long enough that 2
 // ahead into L1 left the memory idle between records (measured on an AMX Xeon, 110 x 8 MB
 // Q4_K matrices: one row 51 -> 47 ms, 16 rows 74 -> 69 ms; Q6_K 16 rows 90 -> 86 ms).
@@ -165,6 +145,45 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
   _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
 }
 
+// One Q4_K block against R = 1 or 2 rows (fewer than a tile pays for): each unpacked vector
+// of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
+// activations into each column's lane), C_j of sub-block j accumulated in c[m][j], then
+// isum = sum_j sc_j C_j; nothing goes through memory between the unpacking and the products.
+// Row m's block is xb[m * row_step]; its int8 quants start at xq + m * xstride.
+template <int R>
+inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512i* sc,
+                              const __m512i* mins, __m512 d, __m512 dmin, const Q8Block* xb,
+                              int64_t row_step, float* acc) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  __m512i c[R][8];
+  for (int m = 0; m < R; ++m) {
+    for (int j = 0; j < 8; ++j) c[m][j] = _mm512_setzero_si512();
+  }
+  for (int p = 0; p < 4; ++p) {
+    for (int r = 0; r < 8; ++r) {
+      const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
+      const __m512i q0 = _mm512_and_si512(v, low4);
+      const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      for (int m = 0; m < R; ++m) {
+        const uint8_t* xm = xq + m * xstride + 64 * p + 4 * r;  // sub-blocks 2p, 2p + 1
+        int32_t lo, hi;
+        std::memcpy(&lo, xm, 4);
+        std::memcpy(&hi, xm + 32, 4);
+        c[m][2 * p] = _mm512_dpbusd_epi32(c[m][2 * p], q0, _mm512_set1_epi32(lo));
+        c[m][2 * p + 1] = _mm512_dpbusd_epi32(c[m][2 * p + 1], q1, _mm512_set1_epi32(hi));
+      }
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    __m512i isum = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(c[m][j], sc[j]));
+    }
+    q4k_finish_row(isum, mins, d, dmin, xb[m * row_step], acc + COLS * m);
+  }
+}
+
 // One group of 16 Q4_K weight rows against `rows` activation rows from x (more than 16:
 // padded with zero rows to whole tiles of 16): acc[m * 16 + c] += row m's products for
 // m < rows, c < 16. Each block is unpacked once and every tile of rows passes it (a prompt's
@@ -180,9 +199,8 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
 // Vectors (1-2 rows): C_j per sub-block with vpdpbusd, then sum_j sc_j C_j: the same integer.
 void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                int rows, bool tiles, float* acc) {
-  alignas(64) uint8_t bq[8][8 * 64];               // vectors: the 8 sub-blocks' B operands
   alignas(64) uint8_t bhi[4][16 * 64], blo[4][16 * 64];  // tiles: hi q, lo q per pair
-  alignas(64) int32_t cbuf[8][TILE_ROWS * COLS];   // vectors: C_j; tiles: C_hi, C_lo
+  alignas(64) int32_t cbuf[2][TILE_ROWS * COLS];   // tiles: C_hi, C_lo
   const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
   const __m512i low4 = _mm512_set1_epi8(15), low3 = _mm512_set1_epi32(7);
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
@@ -247,21 +265,10 @@ void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
       }
       continue;
     }
-    for (int p = 0; p < 4; ++p) {
-      for (int r = 0; r < 8; ++r) {
-        const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
-        _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_and_si512(v, low4));
-        _mm512_store_si512(bq[2 * p + 1] + 64 * r, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
-      }
-    }
-    sub_block_products_vnni(xq, xstride, rows, 32, bq[0], 8, cbuf[0]);
-    for (int m = 0; m < rows; ++m) {
-      __m512i isum = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) {
-        // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
-        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(_mm512_load_si512(cbuf[j] + COLS * m), sc[j]));
-      }
-      q4k_finish_row(isum, mins, d, dmin, x[m * row_step + b * block_step], acc + COLS * m);
+    if (rows == 1) {
+      q4k_block_vectors<1>(w, xq, xstride, sc, mins, d, dmin, x + b * block_step, row_step, acc);
+    } else {
+      q4k_block_vectors<2>(w, xq, xstride, sc, mins, d, dmin, x + b * block_step, row_step, acc);
     }
   }
 }
@@ -278,17 +285,79 @@ inline __m256i to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(r);
 }
 
+// One Q6_K block against R = 1 or 2 rows, as q4k_block_vectors: sub-blocks 2p and 2p + 1
+// come out of one pass over their quad bytes, their C_j in registers, and each row's float
+// chain f = sum_j sc_j C'_j runs in j order as they complete (the tiles' operations, in
+// their order, on the same exact C'_j).
+template <int R>
+inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512* sc,
+                              __m512 d, const Q8Block* xb, int64_t row_step, float* acc) {
+  const __m512i low4 = _mm512_set1_epi8(15), hi2 = _mm512_set1_epi8(0x30);
+  __m512 f[R];
+  for (int m = 0; m < R; ++m) f[m] = _mm512_setzero_ps();
+  for (int p = 0; p < 8; ++p) {
+    const int s = 2 * (p % 2);  // as in q6k_group
+    __m512i c[R][2];
+    for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
+    for (int r = 0; r < 4; ++r) {
+      const __m512i v = _mm512_loadu_si512(w + Q6_OFF_QL + 256 * p + 64 * r);
+      const __m512i h = _mm512_loadu_si512(w + Q6_OFF_QH + 256 * (p / 2) + 64 * r);
+      const __m512i ha = s == 0 ? _mm512_slli_epi16(h, 4) : h;
+      const __m512i hb = s == 0 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
+      const __m512i qa = _mm512_or_si512(_mm512_and_si512(v, low4), _mm512_and_si512(ha, hi2));
+      const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4),
+                                         _mm512_and_si512(hb, hi2));
+      for (int m = 0; m < R; ++m) {
+        const uint8_t* xm = xq + m * xstride + 32 * p + 4 * r;  // sub-blocks 2p, 2p + 1
+        int32_t lo, hi;
+        std::memcpy(&lo, xm, 4);
+        std::memcpy(&hi, xm + 16, 4);
+        c[m][0] = _mm512_dpbusd_epi32(c[m][0], qa, _mm512_set1_epi32(lo));
+        c[m][1] = _mm512_dpbusd_epi32(c[m][1], qb, _mm512_set1_epi32(hi));
+      }
+    }
+    for (int m = 0; m < R; ++m) {
+      const Q8Block& x = xb[m * row_step];
+      for (int h = 0; h < 2; ++h) {  // C'_j = C_j - 32 bsum_j, then f += sc_j C'_j
+        const int j = 2 * p + h;
+        const __m512i cj = _mm512_sub_epi32(c[m][h], _mm512_set1_epi32(32 * x.bsums[j]));
+        f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(cj), sc[j], f[m]);
+      }
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    float* a = acc + COLS * m;
+    _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb[m * row_step].d)), f[m],
+                                        _mm512_loadu_ps(a)));
+  }
+}
+
 // One group of 16 Q6_K weight rows against `rows` activation rows from x, as q4k_group.
 void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                int rows, bool tiles, float* acc) {
   alignas(64) uint8_t bq[16][4 * 64];              // the 16 sub-blocks' B operands
   alignas(64) int32_t cbuf[16][TILE_ROWS * COLS];
-  const int ntiles = tiles ? (rows + TILE_ROWS - 1) / TILE_ROWS : 1;
+  const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
   const __m512i low4 = _mm512_set1_epi8(15);
   const __m512i hi2 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     prefetch_record(w, Q6_RECORD);
+    if (!tiles) {
+      __m512 scv[16];  // sub-block scales as floats: sc_j C'_j (< 2^24) is exact in float
+      for (int j = 0; j < 16; ++j) {
+        scv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
+      }
+      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
+      const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b * block_step) + offsetof(Q8Block, q);
+      if (rows == 1) {
+        q6k_block_vectors<1>(w, xq, xstride, scv, dv, x + b * block_step, row_step, acc);
+      } else {
+        q6k_block_vectors<2>(w, xq, xstride, scv, dv, x + b * block_step, row_step, acc);
+      }
+      continue;
+    }
     for (int p = 0; p < 8; ++p) {
       // sub-blocks 2p, 2p + 1 take bits (2s, 2s + 1) of the quad byte, s = 2 (p % 2) (+ 1),
       // moved to bits 4..5: << 4, << 2, >> 0, >> 2 for s = 0..3
@@ -301,9 +370,9 @@ void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
         const __m512i qa = _mm512_or_si512(_mm512_and_si512(v, low4), _mm512_and_si512(ha, hi2));
         const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4),
                                            _mm512_and_si512(hb, hi2));
-        // tiles take q - 32 as signed bytes (no per-row offset later); vpdpbusd needs q >= 0
-        _mm512_store_si512(bq[2 * p] + 64 * r, tiles ? _mm512_sub_epi8(qa, k32) : qa);
-        _mm512_store_si512(bq[2 * p + 1] + 64 * r, tiles ? _mm512_sub_epi8(qb, k32) : qb);
+        // tiles take q - 32 as signed bytes (no per-row offset later)
+        _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_sub_epi8(qa, k32));
+        _mm512_store_si512(bq[2 * p + 1] + 64 * r, _mm512_sub_epi8(qb, k32));
       }
     }
     __m512 sc[16];  // sub-block scales as floats: sc_j C'_j (< 2^24) is exact in float
@@ -316,20 +385,10 @@ void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
       const Q8Block* xt = x + t * TILE_ROWS * row_step;
       const uint8_t* xq = reinterpret_cast<const uint8_t*>(xt + b * block_step) + offsetof(Q8Block, q);
       const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
-      if (tiles) {
-        sub_block_products(xq, xstride, 16, bq[0], 16, cbuf[0]);
-      } else {
-        sub_block_products_vnni(xq, xstride, rows, 16, bq[0], 16, cbuf[0]);
-      }
+      sub_block_products(xq, xstride, 16, bq[0], 16, cbuf[0]);
       for (int m = 0; m < tile_rows; ++m) {
         const Q8Block& xb = xt[m * row_step + b * block_step];
-        if (!tiles) {  // C'_j = C_j - 32 bsum_j: the -32 of (q - 32), which tiles take in the weights
-          for (int j = 0; j < 16; ++j) {
-            int32_t* c = cbuf[j] + COLS * m;
-            _mm512_store_si512(c, _mm512_sub_epi32(_mm512_load_si512(c), _mm512_set1_epi32(32 * xb.bsums[j])));
-          }
-        }
-        // the same float operations on the same exact C'_j in either path
+        // the same float operations on the same exact C'_j as q6k_block_vectors
         __m512 f = _mm512_setzero_ps();
         for (int j = 0; j < 16; ++j) {
           f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[j] + COLS * m)), sc[j], f);
