@@ -205,7 +205,7 @@ def test_lookup_and_ngram_offer_distinct_branches():
 
 def test_branches_option_is_checked(models):
     engine = SimpleNamespace(target=SimpleNamespace(model=models["target"]),
-                             model=lambda name: SimpleNamespace(model=models["target"]),
+                             model=lambda name, dtype=None: SimpleNamespace(model=models["target"]),
                              default_draft=lambda: "target")
     assert isinstance(make_strategy("speculative", engine, {"draft": "ngram", "branches": "3"}),
                       TreeSpeculative)

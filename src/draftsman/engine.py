@@ -32,12 +32,7 @@ from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.loader import load_model
 from draftsman.models.static_step import StaticConfig, StaticModel
-from draftsman.models.weight_formats import (
-    companion_dtype,
-    gguf_source,
-    is_quantised,
-    parse_dtype,
-)
+from draftsman.models.weight_formats import companion_dtype, gguf_source, is_quantised, parse_dtype
 from draftsman.proposers.history import HistoryStore, Scope
 from draftsman.sampling import SamplingConfig
 from draftsman.store.resolve import model_has_gguf
@@ -272,13 +267,11 @@ class Engine:
 
     # ---- models -------------------------------------------------------------------
     def companion_dtype(self, dtype: str | torch.dtype | None = None) -> str | torch.dtype:
-        """The format a companion model (a draft) loads in: `dtype` when given, else the
-        engine's own, with q4 engines loading drafts as q4-draft (weight_formats)."""
+        """A companion's (a draft's) format: `dtype`, else the engine's (q4 -> q4-draft)."""
         return parse_dtype(dtype) if dtype is not None else companion_dtype(self.dtype)
 
     def model(self, spec: str, dtype: str | torch.dtype | None = None) -> LoadedModel:
-        """Load (once) and return a companion model, checked against the target's vocabulary;
-        in `self.companion_dtype(dtype)` (only the torch backend has formats to choose)."""
+        """A companion model in `companion_dtype(dtype)`, loaded once, vocabulary checked."""
         fmt = self.companion_dtype(dtype)
         key = spec if dtype is None or fmt == self.companion_dtype() else f"{spec} ({fmt})"
         if key not in self._models:

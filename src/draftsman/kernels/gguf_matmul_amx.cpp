@@ -285,6 +285,20 @@ inline __m256i to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(r);
 }
 
+// The 6-bit q (0..63) of Q6_K sub-blocks 2p and 2p + 1, row r of their VNNI layout: the
+// low nibbles from QL, bits (2s, 2s + 1) of the quad byte moved to bits 4..5 (s = 2 (p % 2)
+// (+ 1): << 4, << 2, >> 0, >> 2 for s = 0..3)
+inline void q6k_unpack(const uint8_t* w, int p, int r, __m512i* qa, __m512i* qb) {
+  const __m512i low4 = _mm512_set1_epi8(15), hi2 = _mm512_set1_epi8(0x30);
+  const __m512i v = _mm512_loadu_si512(w + Q6_OFF_QL + 256 * p + 64 * r);
+  const __m512i h = _mm512_loadu_si512(w + Q6_OFF_QH + 256 * (p / 2) + 64 * r);
+  const bool first = p % 2 == 0;
+  const __m512i ha = first ? _mm512_slli_epi16(h, 4) : h;
+  const __m512i hb = first ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
+  *qa = _mm512_or_si512(_mm512_and_si512(v, low4), _mm512_and_si512(ha, hi2));
+  *qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), _mm512_and_si512(hb, hi2));
+}
+
 // One Q6_K block against R = 1 or 2 rows, as q4k_block_vectors: sub-blocks 2p and 2p + 1
 // come out of one pass over their quad bytes, their C_j in registers, and each row's float
 // chain f = sum_j sc_j C'_j runs in j order as they complete (the tiles' operations, in
@@ -292,21 +306,14 @@ inline __m256i to_bf16(__m512 v) {
 template <int R>
 inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512* sc,
                               __m512 d, const Q8Block* xb, int64_t row_step, float* acc) {
-  const __m512i low4 = _mm512_set1_epi8(15), hi2 = _mm512_set1_epi8(0x30);
   __m512 f[R];
   for (int m = 0; m < R; ++m) f[m] = _mm512_setzero_ps();
   for (int p = 0; p < 8; ++p) {
-    const int s = 2 * (p % 2);  // as in q6k_group
     __m512i c[R][2];
     for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
     for (int r = 0; r < 4; ++r) {
-      const __m512i v = _mm512_loadu_si512(w + Q6_OFF_QL + 256 * p + 64 * r);
-      const __m512i h = _mm512_loadu_si512(w + Q6_OFF_QH + 256 * (p / 2) + 64 * r);
-      const __m512i ha = s == 0 ? _mm512_slli_epi16(h, 4) : h;
-      const __m512i hb = s == 0 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
-      const __m512i qa = _mm512_or_si512(_mm512_and_si512(v, low4), _mm512_and_si512(ha, hi2));
-      const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4),
-                                         _mm512_and_si512(hb, hi2));
+      __m512i qa, qb;
+      q6k_unpack(w, p, r, &qa, &qb);
       for (int m = 0; m < R; ++m) {
         const uint8_t* xm = xq + m * xstride + 32 * p + 4 * r;  // sub-blocks 2p, 2p + 1
         int32_t lo, hi;
@@ -338,8 +345,7 @@ void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
   alignas(64) uint8_t bq[16][4 * 64];              // the 16 sub-blocks' B operands
   alignas(64) int32_t cbuf[16][TILE_ROWS * COLS];
   const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
-  const __m512i low4 = _mm512_set1_epi8(15);
-  const __m512i hi2 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+  const __m512i k32 = _mm512_set1_epi8(32);
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     prefetch_record(w, Q6_RECORD);
@@ -359,17 +365,9 @@ void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
       continue;
     }
     for (int p = 0; p < 8; ++p) {
-      // sub-blocks 2p, 2p + 1 take bits (2s, 2s + 1) of the quad byte, s = 2 (p % 2) (+ 1),
-      // moved to bits 4..5: << 4, << 2, >> 0, >> 2 for s = 0..3
-      const int s = 2 * (p % 2);
       for (int r = 0; r < 4; ++r) {
-        const __m512i v = _mm512_loadu_si512(w + Q6_OFF_QL + 256 * p + 64 * r);
-        const __m512i h = _mm512_loadu_si512(w + Q6_OFF_QH + 256 * (p / 2) + 64 * r);
-        const __m512i ha = s == 0 ? _mm512_slli_epi16(h, 4) : h;
-        const __m512i hb = s == 0 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
-        const __m512i qa = _mm512_or_si512(_mm512_and_si512(v, low4), _mm512_and_si512(ha, hi2));
-        const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4),
-                                           _mm512_and_si512(hb, hi2));
+        __m512i qa, qb;
+        q6k_unpack(w, p, r, &qa, &qb);
         // tiles take q - 32 as signed bytes (no per-row offset later)
         _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_sub_epi8(qa, k32));
         _mm512_store_si512(bq[2 * p + 1] + 64 * r, _mm512_sub_epi8(qb, k32));
