@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.protocol import require
+from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.profiling import draft_cost_ratio, verify_cost_curve
 from draftsman.proposers.base import Proposer
 from draftsman.proposers.draft_model import DraftModelProposer
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 AUTO = {"auto": "auto"}
 DRAFT_DTYPE_HELP = ("the draft model's weight format (default: the target's; q4-draft under "
                     "q4). Model-free drafters ignore it")
-DRAFT_DTYPES = ("bf16", "fp32", "q4", "q4-draft", "q8")
 DRAFT_HELP = ("draft model (name/path) or a model-free drafter (" + ", ".join(MODEL_FREE)
               + "); default: the target's catalogue draft")
 
@@ -53,7 +53,7 @@ class SpeculativeOptions(MethodOptions):
     aliases: ClassVar[dict[str, str]] = {"drafter": "draft"}
 
     draft: str | None = option(None, DRAFT_HELP)
-    draft_dtype: str | None = option(None, DRAFT_DTYPE_HELP, choices=DRAFT_DTYPES)
+    draft_dtype: str | None = option(None, DRAFT_DTYPE_HELP, choices=tuple(DTYPE_CHOICES))
     gamma: int | str = option(4, "tokens drafted per step, or 'auto' for an adaptive policy",
                               kind=int, minimum=1, words=AUTO)
     gamma_policy: str | None = option(None, "how gamma adapts (default: fixed; cost with "
@@ -71,7 +71,7 @@ class StagedOptions(MethodOptions):
 
     draft: str | None = option(None, "the middle draft model (default: the target's "
                                      "catalogue draft)")
-    draft_dtype: str | None = option(None, DRAFT_DTYPE_HELP, choices=DRAFT_DTYPES)
+    draft_dtype: str | None = option(None, DRAFT_DTYPE_HELP, choices=tuple(DTYPE_CHOICES))
     subdraft: str = option("ngram", "the lowest drafter: a model, " + " or ".join(MODEL_FREE))
     gamma: int | str = option(4, "tokens the middle model drafts per step, or 'auto'",
                               kind=int, minimum=1, words=AUTO)
