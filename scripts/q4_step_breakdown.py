@@ -94,6 +94,8 @@ def main() -> None:
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--rows", default="1,4,16", help="comma-separated new-token counts")
     p.add_argument("--context", type=int, default=256, help="cached tokens before the step")
+    p.add_argument("--dtype", default="q4", choices=("q4", "q4-draft"),
+                   help="q4-draft: a draft's format (every matrix on Q4_K blocks)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--all-logits", action="store_true",
@@ -102,7 +104,7 @@ def main() -> None:
                    help="also the kernel's ms per matrix kind at each row count")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    model = load_model(resolve_model(a.model, pull=False), "q4",
+    model = load_model(resolve_model(a.model, pull=False), a.dtype,
                        gguf=resolve_gguf(a.model, pull=False))
     # the matrices as this CPU runs them: vector paths, or AMX tiles (packed records)
     kinds = (KQuantMatrix, KQuantAmxMatrix)
@@ -122,8 +124,9 @@ def main() -> None:
     finally:
         for kind, forward in zip(kinds, kernel_forwards, strict=True):
             kind.forward = forward
-    print(f"{a.model} q4, {platform.processor() or platform.machine()}, {a.threads} threads, "
-          f"{blocks / 2**20:.0f} MiB of K-quant blocks, {a.context} cached tokens")
+    print(f"{a.model} {a.dtype}, {platform.processor() or platform.machine()}, "
+          f"{a.threads} threads, {blocks / 2**20:.0f} MiB of K-quant blocks, "
+          f"{a.context} cached tokens")
     print("| rows | step ms (best / median) | glue only ms | kernel ms | kernel GB/s |")
     print("|---|---|---|---|---|")
     for t in rows:

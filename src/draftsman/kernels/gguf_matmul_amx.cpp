@@ -49,8 +49,9 @@ using namespace draftsman_amx;
 
 constexpr int TILE_ROWS = 16;  // activation rows per tile
 // Fewer rows than this take vpdpbusd instead of tiles (same exact sums; measured faster at
-// 1-2 rows, where unpacked weights meet too few rows to pay a tile's load and store)
-constexpr int MIN_TILE_ROWS = 3;
+// 1-4 rows, where unpacked weights meet too few rows to pay the tiles' scaled unpacking,
+// loads and stores: whole 1.5B q4 forward at 3 rows 79 -> 71 ms, 4 rows 81 -> 75 ms)
+constexpr int MIN_TILE_ROWS = 5;
 
 #if DRAFTSMAN_AMX
 // Linux hands out AMX state on request, once per process (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -130,6 +131,24 @@ void configure_q4k(int rows) {
   _tile_loadconfig(&cfg);
 }
 
+// A Q4_K record's per-column factors, widened for the vector and tile paths: sub-block
+// scales as int32 lanes, the mins of sub-block pairs as int16 pairs, d and dmin as floats.
+struct Q4kScales {
+  __m512i sc[8], mins[4];
+  __m512 d, dmin;
+
+  explicit Q4kScales(const uint8_t* w) {
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + OFF_SC + 16 * j)));
+    }
+    for (int t = 0; t < 4; ++t) {
+      mins[t] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_MIN + 32 * t)));
+    }
+    d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_D)));
+    dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_DMIN)));
+  }
+};
+
 // Row m's share of one Q4_K block, after its integer sums: the same float code for every
 // path, so a row's output depends only on isum, which is exact.
 inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 dmin,
@@ -145,21 +164,22 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
   _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
 }
 
-// One Q4_K block against R = 1 or 2 rows (fewer than a tile pays for): each unpacked vector
+// One Q4_K block against R <= 4 rows (fewer than a tile pays for): each unpacked vector
 // of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
-// activations into each column's lane), C_j of sub-block j accumulated in c[m][j], then
+// activations into each column's lane), C_j of sub-block j accumulated per row, then
 // isum = sum_j sc_j C_j; nothing goes through memory between the unpacking and the products.
+// Each pair of sub-blocks is folded into isum as it completes (registers for 4 rows).
 // Row m's block is xb[m * row_step]; its int8 quants start at xq + m * xstride.
 template <int R>
 inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512i* sc,
                               const __m512i* mins, __m512 d, __m512 dmin, const Q8Block* xb,
                               int64_t row_step, float* acc) {
   const __m512i low4 = _mm512_set1_epi8(15);
-  __m512i c[R][8];
-  for (int m = 0; m < R; ++m) {
-    for (int j = 0; j < 8; ++j) c[m][j] = _mm512_setzero_si512();
-  }
+  __m512i isum[R];
+  for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_si512();
   for (int p = 0; p < 4; ++p) {
+    __m512i c[R][2];
+    for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
     for (int r = 0; r < 8; ++r) {
       const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
       const __m512i q0 = _mm512_and_si512(v, low4);
@@ -169,19 +189,17 @@ inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
         int32_t lo, hi;
         std::memcpy(&lo, xm, 4);
         std::memcpy(&hi, xm + 32, 4);
-        c[m][2 * p] = _mm512_dpbusd_epi32(c[m][2 * p], q0, _mm512_set1_epi32(lo));
-        c[m][2 * p + 1] = _mm512_dpbusd_epi32(c[m][2 * p + 1], q1, _mm512_set1_epi32(hi));
+        c[m][0] = _mm512_dpbusd_epi32(c[m][0], q0, _mm512_set1_epi32(lo));
+        c[m][1] = _mm512_dpbusd_epi32(c[m][1], q1, _mm512_set1_epi32(hi));
       }
     }
-  }
-  for (int m = 0; m < R; ++m) {
-    __m512i isum = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
-      // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
-      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(c[m][j], sc[j]));
+    // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
+    for (int m = 0; m < R; ++m) {
+      isum[m] = _mm512_add_epi32(isum[m], _mm512_add_epi32(_mm512_mullo_epi32(c[m][0], sc[2 * p]),
+                                                           _mm512_mullo_epi32(c[m][1], sc[2 * p + 1])));
     }
-    q4k_finish_row(isum, mins, d, dmin, xb[m * row_step], acc + COLS * m);
   }
+  for (int m = 0; m < R; ++m) q4k_finish_row(isum[m], mins, d, dmin, xb[m * row_step], acc + COLS * m);
 }
 
 // One group of 16 Q4_K weight rows against `rows` activation rows from x (more than 16:
@@ -196,9 +214,8 @@ inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
 // give isum = 8 C_hi + C_lo = sum_j sc_j C_j exactly. Per block, a row then pays one shift
 // and one add instead of a multiply per sub-block, and two tiles are stored instead of
 // eight; the scale work moves to the unpacking, which every row of the tile shares.
-// Vectors (1-2 rows): C_j per sub-block with vpdpbusd, then sum_j sc_j C_j: the same integer.
-void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-               int rows, bool tiles, float* acc) {
+void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+                     int rows, float* acc) {
   alignas(64) uint8_t bhi[4][16 * 64], blo[4][16 * 64];  // tiles: hi q, lo q per pair
   alignas(64) int32_t cbuf[2][TILE_ROWS * COLS];   // tiles: C_hi, C_lo
   const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
@@ -206,70 +223,81 @@ void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += RECORD) {
     prefetch_record(w, RECORD);
-    __m512i sc[8], mins[4];
+    const Q4kScales s(w);
+    const __m512i* sc = s.sc;
+    // a column's 4 bytes share its scale: both 16-bit halves of its lane hold the factor,
+    // and a 16-bit multiply of two bytes by it cannot carry (15 x 7 < 256)
+    __m512i fhi[8], flo[8];
     for (int j = 0; j < 8; ++j) {
-      sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + OFF_SC + 16 * j)));
+      const __m512i h = _mm512_srli_epi32(sc[j], 3), l = _mm512_and_si512(sc[j], low3);
+      fhi[j] = _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
+      flo[j] = _mm512_or_si512(l, _mm512_slli_epi32(l, 16));
     }
-    for (int t = 0; t < 4; ++t) {
-      mins[t] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_MIN + 32 * t)));
-    }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_D)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_DMIN)));
-    const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b * block_step) + offsetof(Q8Block, q);
-    if (tiles) {
-      // a column's 4 bytes share its scale: both 16-bit halves of its lane hold the factor,
-      // and a 16-bit multiply of two bytes by it cannot carry (15 x 7 < 256)
-      __m512i fhi[8], flo[8];
-      for (int j = 0; j < 8; ++j) {
-        const __m512i h = _mm512_srli_epi32(sc[j], 3), l = _mm512_and_si512(sc[j], low3);
-        fhi[j] = _mm512_or_si512(h, _mm512_slli_epi32(h, 16));
-        flo[j] = _mm512_or_si512(l, _mm512_slli_epi32(l, 16));
+    for (int p = 0; p < 4; ++p) {
+      for (int r = 0; r < 8; ++r) {
+        const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
+        const __m512i q0 = _mm512_and_si512(v, low4);
+        const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        _mm512_store_si512(bhi[p] + 64 * r, _mm512_mullo_epi16(q0, fhi[2 * p]));
+        _mm512_store_si512(blo[p] + 64 * r, _mm512_mullo_epi16(q0, flo[2 * p]));
+        _mm512_store_si512(bhi[p] + 64 * (8 + r), _mm512_mullo_epi16(q1, fhi[2 * p + 1]));
+        _mm512_store_si512(blo[p] + 64 * (8 + r), _mm512_mullo_epi16(q1, flo[2 * p + 1]));
       }
-      for (int p = 0; p < 4; ++p) {
-        for (int r = 0; r < 8; ++r) {
-          const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
-          const __m512i q0 = _mm512_and_si512(v, low4);
-          const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-          _mm512_store_si512(bhi[p] + 64 * r, _mm512_mullo_epi16(q0, fhi[2 * p]));
-          _mm512_store_si512(blo[p] + 64 * r, _mm512_mullo_epi16(q0, flo[2 * p]));
-          _mm512_store_si512(bhi[p] + 64 * (8 + r), _mm512_mullo_epi16(q1, fhi[2 * p + 1]));
-          _mm512_store_si512(blo[p] + 64 * (8 + r), _mm512_mullo_epi16(q1, flo[2 * p + 1]));
-        }
-      }
-      for (int t = 0; t < ntiles; ++t) {
-        const Q8Block* xt = x + t * TILE_ROWS * row_step;
-        const uint8_t* xqt = reinterpret_cast<const uint8_t*>(xt + b * block_step) + offsetof(Q8Block, q);
-        _tile_zero(0);
-        _tile_zero(1);
-        for (int p = 0; p < 4; p += 2) {
-          _tile_loadd(2, xqt + 64 * p, xstride);
-          _tile_loadd(4, bhi[p], 64);
-          _tile_loadd(5, blo[p], 64);
-          _tile_loadd(3, xqt + 64 * (p + 1), xstride);
-          _tile_loadd(6, bhi[p + 1], 64);
-          _tile_loadd(7, blo[p + 1], 64);
-          _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
-          _tile_dpbsud(1, 2, 5);
-          _tile_dpbsud(0, 3, 6);
-          _tile_dpbsud(1, 3, 7);
-        }
-        _tile_stored(0, cbuf[0], 64);
-        _tile_stored(1, cbuf[1], 64);
-        const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
-        for (int m = 0; m < tile_rows; ++m) {
-          // |C_hi|, |C_lo| <= 256 * 127 * 105: 8 C_hi + C_lo fits int32
-          const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 3),
-                                                _mm512_load_si512(cbuf[1] + COLS * m));
-          q4k_finish_row(isum, mins, d, dmin, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
-        }
-      }
-      continue;
     }
-    if (rows == 1) {
-      q4k_block_vectors<1>(w, xq, xstride, sc, mins, d, dmin, x + b * block_step, row_step, acc);
-    } else {
-      q4k_block_vectors<2>(w, xq, xstride, sc, mins, d, dmin, x + b * block_step, row_step, acc);
+    for (int t = 0; t < ntiles; ++t) {
+      const Q8Block* xt = x + t * TILE_ROWS * row_step;
+      const uint8_t* xqt = reinterpret_cast<const uint8_t*>(xt + b * block_step) + offsetof(Q8Block, q);
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int p = 0; p < 4; p += 2) {
+        _tile_loadd(2, xqt + 64 * p, xstride);
+        _tile_loadd(4, bhi[p], 64);
+        _tile_loadd(5, blo[p], 64);
+        _tile_loadd(3, xqt + 64 * (p + 1), xstride);
+        _tile_loadd(6, bhi[p + 1], 64);
+        _tile_loadd(7, blo[p + 1], 64);
+        _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
+        _tile_dpbsud(1, 2, 5);
+        _tile_dpbsud(0, 3, 6);
+        _tile_dpbsud(1, 3, 7);
+      }
+      _tile_stored(0, cbuf[0], 64);
+      _tile_stored(1, cbuf[1], 64);
+      const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
+      for (int m = 0; m < tile_rows; ++m) {
+        // |C_hi|, |C_lo| <= 256 * 127 * 105: 8 C_hi + C_lo fits int32
+        const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 3),
+                                              _mm512_load_si512(cbuf[1] + COLS * m));
+        q4k_finish_row(isum, s.mins, s.d, s.dmin, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
+      }
     }
+  }
+}
+
+// One group of 16 Q4_K weight rows against R <= 4 activation rows, on vectors
+// (q4k_block_vectors): one function per R, so that each gets its own registers.
+template <int R>
+void q4k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
+                       int64_t block_step, float* acc) {
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
+  for (int64_t b = 0; b < nb; ++b, w += RECORD) {
+    prefetch_record(w, RECORD);
+    const Q4kScales s(w);
+    const Q8Block* xb = x + b * block_step;
+    q4k_block_vectors<R>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc,
+                         s.mins, s.d, s.dmin, xb, row_step, acc);
+  }
+}
+
+void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+               int rows, float* acc) {
+  static_assert(MIN_TILE_ROWS == 5, "a vector path for each row count below MIN_TILE_ROWS");
+  switch (rows) {
+    case 1: return q4k_group_vectors<1>(w, x, nb, row_step, block_step, acc);
+    case 2: return q4k_group_vectors<2>(w, x, nb, row_step, block_step, acc);
+    case 3: return q4k_group_vectors<3>(w, x, nb, row_step, block_step, acc);
+    case 4: return q4k_group_vectors<4>(w, x, nb, row_step, block_step, acc);
+    default: return q4k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
   }
 }
 
@@ -299,7 +327,7 @@ inline void q6k_unpack(const uint8_t* w, int p, int r, __m512i* qa, __m512i* qb)
   *qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), _mm512_and_si512(hb, hi2));
 }
 
-// One Q6_K block against R = 1 or 2 rows, as q4k_block_vectors: sub-blocks 2p and 2p + 1
+// One Q6_K block against R <= 4 rows, as q4k_block_vectors: sub-blocks 2p and 2p + 1
 // come out of one pass over their quad bytes, their C_j in registers, and each row's float
 // chain f = sum_j sc_j C'_j runs in j order as they complete (the tiles' operations, in
 // their order, on the same exact C'_j).
@@ -339,9 +367,33 @@ inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
   }
 }
 
-// One group of 16 Q6_K weight rows against `rows` activation rows from x, as q4k_group.
-void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-               int rows, bool tiles, float* acc) {
+// Sub-block scales as floats: sc_j C'_j (< 2^24) is exact in float.
+inline void q6k_scales(const uint8_t* w, __m512* sc) {
+  for (int j = 0; j < 16; ++j) {
+    sc[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
+  }
+}
+
+// One group of 16 Q6_K weight rows against R <= 4 activation rows, as q4k_group_vectors.
+template <int R>
+void q6k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
+                       int64_t block_step, float* acc) {
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
+  for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
+    prefetch_record(w, Q6_RECORD);
+    __m512 sc[16];
+    q6k_scales(w, sc);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
+    const Q8Block* xb = x + b * block_step;
+    q6k_block_vectors<R>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, sc, d,
+                         xb, row_step, acc);
+  }
+}
+
+// One group of 16 Q6_K weight rows against more rows, on tiles, as q4k_group_tiles.
+void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+                     int rows, float* acc) {
   alignas(64) uint8_t bq[16][4 * 64];              // the 16 sub-blocks' B operands
   alignas(64) int32_t cbuf[16][TILE_ROWS * COLS];
   const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
@@ -349,21 +401,6 @@ void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     prefetch_record(w, Q6_RECORD);
-    if (!tiles) {
-      __m512 scv[16];  // sub-block scales as floats: sc_j C'_j (< 2^24) is exact in float
-      for (int j = 0; j < 16; ++j) {
-        scv[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
-      }
-      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
-      const uint8_t* xq = reinterpret_cast<const uint8_t*>(x + b * block_step) + offsetof(Q8Block, q);
-      if (rows == 1) {
-        q6k_block_vectors<1>(w, xq, xstride, scv, dv, x + b * block_step, row_step, acc);
-      } else {
-        q6k_block_vectors<2>(w, xq, xstride, scv, dv, x + b * block_step, row_step, acc);
-      }
-      continue;
-    }
     for (int p = 0; p < 8; ++p) {
       for (int r = 0; r < 4; ++r) {
         __m512i qa, qb;
@@ -373,11 +410,8 @@ void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
         _mm512_store_si512(bq[2 * p + 1] + 64 * r, _mm512_sub_epi8(qb, k32));
       }
     }
-    __m512 sc[16];  // sub-block scales as floats: sc_j C'_j (< 2^24) is exact in float
-    for (int j = 0; j < 16; ++j) {
-      sc[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
-    }
+    __m512 sc[16];
+    q6k_scales(w, sc);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
     for (int t = 0; t < ntiles; ++t) {
       const Q8Block* xt = x + t * TILE_ROWS * row_step;
@@ -395,6 +429,18 @@ void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
         _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), f, _mm512_loadu_ps(a)));
       }
     }
+  }
+}
+
+void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+               int rows, float* acc) {
+  static_assert(MIN_TILE_ROWS == 5, "a vector path for each row count below MIN_TILE_ROWS");
+  switch (rows) {
+    case 1: return q6k_group_vectors<1>(w, x, nb, row_step, block_step, acc);
+    case 2: return q6k_group_vectors<2>(w, x, nb, row_step, block_step, acc);
+    case 3: return q6k_group_vectors<3>(w, x, nb, row_step, block_step, acc);
+    case 4: return q6k_group_vectors<4>(w, x, nb, row_step, block_step, acc);
+    default: return q6k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
   }
 }
 #endif
@@ -458,9 +504,9 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
       const uint8_t* wg = wp + g * nb * rec_bytes;
       std::fill(acc, acc + tiled * COLS, 0.f);
       if (qtype == TYPE_Q4_K) {
-        q4k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
+        q4k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
       } else {
-        q6k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
+        q6k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
       }
       const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
       for (int64_t r = 0; r < m; ++r) {
