@@ -49,9 +49,10 @@ using namespace draftsman_amx;
 
 constexpr int TILE_ROWS = 16;  // activation rows per tile
 // Fewer rows than this take vpdpbusd instead of tiles (same exact sums; measured faster at
-// 1-4 rows, where unpacked weights meet too few rows to pay the tiles' scaled unpacking,
-// loads and stores: whole 1.5B q4 forward at 3 rows 79 -> 71 ms, 4 rows 81 -> 75 ms)
-constexpr int MIN_TILE_ROWS = 5;
+// 1-5 rows, where unpacked weights meet too few rows to pay the tiles' scaled unpacking,
+// loads and stores: whole 1.5B q4 forward at 3 / 4 / 5 rows 79 / 81 / 84 -> 71 / 75 / 75 ms;
+// even at 6, slower from 7)
+constexpr int MIN_TILE_ROWS = 6;
 
 #if DRAFTSMAN_AMX
 // Linux hands out AMX state on request, once per process (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -164,11 +165,11 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
   _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
 }
 
-// One Q4_K block against R <= 4 rows (fewer than a tile pays for): each unpacked vector
-// of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
+// One Q4_K block against R < MIN_TILE_ROWS rows (fewer than tiles pay for): each unpacked
+// vector of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
 // activations into each column's lane), C_j of sub-block j accumulated per row, then
 // isum = sum_j sc_j C_j; nothing goes through memory between the unpacking and the products.
-// Each pair of sub-blocks is folded into isum as it completes (registers for 4 rows).
+// Each pair of sub-blocks is folded into isum as it completes (registers for 5 rows).
 // Row m's block is xb[m * row_step]; its int8 quants start at xq + m * xstride.
 template <int R>
 inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512i* sc,
@@ -274,7 +275,7 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
   }
 }
 
-// One group of 16 Q4_K weight rows against R <= 4 activation rows, on vectors
+// One group of 16 Q4_K weight rows against R < MIN_TILE_ROWS activation rows, on vectors
 // (q4k_block_vectors): one function per R, so that each gets its own registers.
 template <int R>
 void q4k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
@@ -291,12 +292,13 @@ void q4k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
 
 void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                int rows, float* acc) {
-  static_assert(MIN_TILE_ROWS == 5, "a vector path for each row count below MIN_TILE_ROWS");
+  static_assert(MIN_TILE_ROWS == 6, "a vector path for each row count below MIN_TILE_ROWS");
   switch (rows) {
     case 1: return q4k_group_vectors<1>(w, x, nb, row_step, block_step, acc);
     case 2: return q4k_group_vectors<2>(w, x, nb, row_step, block_step, acc);
     case 3: return q4k_group_vectors<3>(w, x, nb, row_step, block_step, acc);
     case 4: return q4k_group_vectors<4>(w, x, nb, row_step, block_step, acc);
+    case 5: return q4k_group_vectors<5>(w, x, nb, row_step, block_step, acc);
     default: return q4k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
   }
 }
@@ -327,7 +329,7 @@ inline void q6k_unpack(const uint8_t* w, int p, int r, __m512i* qa, __m512i* qb)
   *qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), _mm512_and_si512(hb, hi2));
 }
 
-// One Q6_K block against R <= 4 rows, as q4k_block_vectors: sub-blocks 2p and 2p + 1
+// One Q6_K block against R < MIN_TILE_ROWS rows, as q4k_block_vectors: sub-blocks 2p, 2p + 1
 // come out of one pass over their quad bytes, their C_j in registers, and each row's float
 // chain f = sum_j sc_j C'_j runs in j order as they complete (the tiles' operations, in
 // their order, on the same exact C'_j).
@@ -375,7 +377,8 @@ inline void q6k_scales(const uint8_t* w, __m512* sc) {
   }
 }
 
-// One group of 16 Q6_K weight rows against R <= 4 activation rows, as q4k_group_vectors.
+// One group of 16 Q6_K weight rows against R < MIN_TILE_ROWS activation rows, as
+// q4k_group_vectors.
 template <int R>
 void q6k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
                        int64_t block_step, float* acc) {
@@ -434,12 +437,13 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
 
 void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                int rows, float* acc) {
-  static_assert(MIN_TILE_ROWS == 5, "a vector path for each row count below MIN_TILE_ROWS");
+  static_assert(MIN_TILE_ROWS == 6, "a vector path for each row count below MIN_TILE_ROWS");
   switch (rows) {
     case 1: return q6k_group_vectors<1>(w, x, nb, row_step, block_step, acc);
     case 2: return q6k_group_vectors<2>(w, x, nb, row_step, block_step, acc);
     case 3: return q6k_group_vectors<3>(w, x, nb, row_step, block_step, acc);
     case 4: return q6k_group_vectors<4>(w, x, nb, row_step, block_step, acc);
+    case 5: return q6k_group_vectors<5>(w, x, nb, row_step, block_step, acc);
     default: return q6k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
   }
 }
