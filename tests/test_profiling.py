@@ -45,6 +45,20 @@ def test_a_profile_that_covers_the_rows_is_kept(measured):
     assert measured == [[48, 64]]
 
 
+def test_a_profile_measured_on_other_kernels_is_measured_again(measured):
+    """A changed kernel changes the curve: a profile records the kernels' build and is
+    stale under another one (the theory command still reads it, `any_build`)."""
+    path = profiling.profile_path("m", "fp32", profiling.torch.get_num_threads())
+    profiling.save_profile(path, {n: 0.5 for n in profiling.wanted_lengths(16)}, {"model": "m"})
+    data = profiling.json.loads(path.read_text())
+    assert data["kernels"] == profiling.build_key()
+    path.write_text(profiling.json.dumps({**data, "kernels": "0123456789ab"}))
+    assert profiling.load_profile(path) is None
+    assert profiling.load_profile(path, any_build=True)[1] == 0.5
+    assert profiling.latency_profile(None, "m", None, rows=16)[1] == pytest.approx(1.1e-3)
+    assert measured == [list(profiling.wanted_lengths(16))]
+
+
 class _ClockedModel:
     """A fake model whose forward advances a fake clock by 1 + n/10 ms, plus 5 ms on the
     calls in `slow` (a slow spell of the machine, counted in forwards)."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from draftsman.kernels.native import build_key
 from draftsman.store.home import draftsman_home
 
 if TYPE_CHECKING:
@@ -164,13 +165,20 @@ def profile_path(model_name: str, dtype: str, threads: int) -> Path:
 
 
 def save_profile(path: Path, latency: dict[int, float], meta: dict) -> None:
+    """Writes the profile with the kernels' build key beside `meta`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**meta, "latency": {str(k): v for k, v in sorted(latency.items())}}
+    data = {**meta, "kernels": build_key(),
+            "latency": {str(k): v for k, v in sorted(latency.items())}}
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def load_profile(path: Path) -> dict[int, float] | None:
+def load_profile(path: Path, any_build: bool = False) -> dict[int, float] | None:
+    """The saved L(n), or None where there is none or it was measured on other kernels
+    (a changed kernel changes the curve; `any_build` reads it anyway)."""
     if not path.is_file():
         return None
-    return {int(k): float(v) for k, v in json.loads(path.read_text())["latency"].items()}
+    data = json.loads(path.read_text())
+    if not any_build and data.get("kernels") != build_key():
+        return None
+    return {int(k): float(v) for k, v in data["latency"].items()}
 

@@ -91,7 +91,7 @@ def verify_curve(path: Path) -> Callable[[int], float]:
     """v(n) = L(n) / L(1) from a saved forward-cost profile (piecewise linear between the
     measured lengths, linear past the last)."""
     try:
-        latency = load_profile(path) if path.suffix == ".json" else None
+        latency = load_profile(path, any_build=True) if path.suffix == ".json" else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         latency = None  # unreadable, not JSON, or JSON of another shape
     if not latency:

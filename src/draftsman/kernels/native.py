@@ -52,12 +52,19 @@ def cpu_signature() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def library_path() -> Path:
+@cache
+def build_key() -> str:
+    """12 hex digits naming this build: sources, PyTorch version, instruction set and CPU.
+    Forward-cost profiles record it, so a changed kernel is measured again."""
     key = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS)))
     key.update(torch.__version__.encode())
     key.update(" ".join(simd_flags()).encode())
     key.update(cpu_signature().encode())
-    return draftsman_home() / "kernels" / f"gguf_matmul-{key.hexdigest()[:12]}.so"
+    return key.hexdigest()[:12]
+
+
+def library_path() -> Path:
+    return draftsman_home() / "kernels" / f"gguf_matmul-{build_key()}.so"
 
 
 def compile_command(out: Path) -> list[str]:
