@@ -24,8 +24,11 @@ if TYPE_CHECKING:
     from draftsman.engine import Engine
 
 # up to 16 rows: one request's verify; beyond, the batch scheduler's steps (many requests'
-# rows in one forward, prompt chunks beside them)
-PROFILE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# rows in one forward, prompt chunks beside them). 17 and 33: kernels that work in tiles of
+# 16 rows (AMX) pay a whole tile for the first row past one, a step the curve must see
+# (1.5B q4 on AMX: 16 / 24 / 32 rows 108 / 142 / 150 ms; linear from 16 to 24 would put 17
+# rows at 112)
+PROFILE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 24, 32, 33, 48, 64)
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
