@@ -68,6 +68,9 @@ def main() -> int:
                    help="per batched server, in --prefill-stall's order: its serve "
                         "--max-step-cost, or off (e.g. off,1.5,1.3 with --prefill-stall "
                         "2.0,1.5,1.3)")
+    p.add_argument("--max-step-rows", default=None,
+                   help="also one batched server per value (comma separated) with that serve "
+                        "--max-step-rows, labelled ours-batched@rowsN")
     p.add_argument("--trees", action="store_true",
                    help="also time tree requests on our batched server (prompt lookup, "
                         "branches=auto: their trees share the batched forward)")
@@ -102,6 +105,10 @@ def main() -> int:
         "ours-batched": (8101, serve + ["--port", "8101", *stall(0)]),
         **{label(i): (8110 + i, serve + ["--port", str(8110 + i), *stall(i)])
            for i in range(1, len(stalls))},
+        **{f"ours-batched@rows{n}": (8120 + i, serve + ["--port", str(8120 + i),
+                                                        "--max-step-rows", n])
+           for i, n in enumerate(v.strip() for v in (args.max_step_rows or "").split(",")
+                                 if v.strip())},
         "ours-no-batch": (8102, serve + ["--port", "8102", "--no-batch"]),
         "ours-llama.cpp": (8104, on_llama + ["--port", "8104"]),
     }

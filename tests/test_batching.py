@@ -164,6 +164,46 @@ def test_guesses_keep_a_shared_step_within_its_bound(pair, monkeypatch):
     assert widest[1.2] <= 4 < widest[None]
 
 
+def test_a_row_budget_bounds_every_shared_step(pair, monkeypatch):
+    """max_step_rows 5, two eager requests (every guess valued 0.95) and a joining prompt:
+    no step shared by two or more requests runs more than 5 rows; beside one decoding
+    request a prompt is read in chunks of 4 (the budget minus the pending row), not one
+    token at a time, nor the 10 rows prefill_stall 2.0 allows on this curve; each output is
+    still its own alone."""
+    target, _ = pair
+    monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None: n)
+    monkeypatch.setattr(step_machine.SpeculativeSteps, "guess_acceptance", lambda self: 0.95)
+
+    def make():
+        policy = make_policy("auto", None, 6)
+        policy.calibrate({n: 1 + 0.1 * (n - 1) for n in range(1, 40)})
+        return Speculative(target, Eager(order=2), policy)
+
+    config = GenerationConfig(12, SamplingConfig())
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=3, prefill_chunk=16,
+                                                   max_step_rows=5),
+                               lambda n: 1 + 0.1 * (n - 1))
+    got = {i: [] for i in range(3)}
+    scheduler.submit(make().steps(PROMPTS[0], config), lambda s: got[0].extend(s.tokens))
+    scheduler.step()
+    assert scheduler.last.rows == len(PROMPTS[0])  # alone: the whole prompt, no budget
+    chunks = []
+    for i in (1, 2):
+        scheduler.submit(make().steps(PROMPTS[i], config), lambda s, i=i: got[i].extend(s.tokens))
+    while not scheduler.idle:
+        scheduler.step()
+        report = scheduler.last
+        if report is None:
+            continue
+        if report.requests > 1:
+            assert report.rows <= 5, report
+        if report.requests == 2 and len(report.gammas) == 1 and not report.guesses:
+            chunks.append(report.rows - 1)
+    assert 4 in chunks
+    for i in range(3):
+        assert got[i] == alone(make, PROMPTS[i], config)
+
+
 # ------------------------------------------------------------------ greedy identity
 
 @pytest.fixture(scope="module")

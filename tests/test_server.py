@@ -758,7 +758,10 @@ def test_serve_arguments_and_default_method():
     assert serve_cmd.default_method(args) == ("default", {"gamma": "auto"})
     args = parser.parse_args(["serve", "--method", "autoregressive"])
     assert serve_cmd.default_method(args) == ("autoregressive", {})
-    assert args.max_step_cost is None  # guesses unbounded unless asked
+    assert args.max_step_cost is None and args.max_step_rows is None  # unbounded unless asked
+    with pytest.raises(InvalidArgumentError, match="--max-step-rows must be at least"):
+        serve_cmd._check_limits(parser.parse_args(["serve", "--parallel", "4",
+                                                   "--max-step-rows", "4"]))
     for flag in ("--prefill-stall", "--max-step-cost"):
         with pytest.raises(InvalidArgumentError, match=f"{flag} must be >= 1"):
             serve_cmd._check_limits(parser.parse_args(["serve", flag, "0.5"]))

@@ -7,7 +7,9 @@ Each `step()`:
    (`gamma=auto`) to what pays for the whole step on this machine's cost curve (within
    `max_step_cost`, when set: one request's guesses are the others' latency);
 3. one prompting request reads a chunk of its prompt (`prefill_chunk` tokens), so a long
-   prompt never stalls the others for more than one chunk's forward per step;
+   prompt never stalls the others for more than one chunk's forward per step; with a row
+   budget (`max_step_rows`) the pending rows come first, the chunk takes what they leave and
+   the guesses what is left, so that every shared step runs at most that many rows;
 4. one ragged forward (models/ragged.py) runs every row: pending tokens, guesses, the chunk;
 5. each request verifies its own rows with its own rule and seeded generator, and its Step
    goes out; finished and cancelled requests leave, and their caches go with them.
@@ -49,6 +51,11 @@ class BatchConfig:
     # one's inter-token latency. None: guesses as the cost model says. Off by default: at 2.0
     # on an AMX Xeon it cut 4 users' speculative gain to nothing (load-amx-step-bound)
     max_step_cost: float | None = None
+    # a row budget for every shared step (vLLM's max_num_batched_tokens): pending rows first,
+    # then the joining prompt's chunk fills what they leave, then guesses what is left. One
+    # bound in rows for every mix of requests, so a step's pause is the same whether one or
+    # three others decode; replaces prefill_stall and max_step_cost while a step is shared
+    max_step_rows: int | None = None
     # llama.cpp draft models draft together on sequences of one batch context; off by
     # default: with the 0.5B draft (Q5_0) on an AMX Xeon, 4 requests ran 0.94x the speed
     # of drafting each alone (bench-results/llama-cpp-draft-batching)
@@ -192,7 +199,8 @@ class BatchScheduler:
         for t in decoding:
             t.machine.gamma_cap = None
         chunk = self._chunk(len(decoding), prompting)
-        self._plan_guesses(decoding, base_rows=len(decoding) + chunk)
+        self._plan_guesses(decoding, base_rows=len(decoding) + chunk,
+                           shared=bool(prompting) and bool(decoding))
         tickets = [t for t in decoding + prompting if not t.done]
         if not tickets:
             self._retire()
@@ -255,18 +263,22 @@ class BatchScheduler:
         most = min(m.chunk, len(m.prompt) - m.prefilled)
         if not decoding:
             return most
+        if self.config.max_step_rows is not None:
+            return max(1, min(most, self.config.max_step_rows - decoding))
         budget = self.config.prefill_stall * self.row_cost(decoding)
         n = 1
         while n < most and self.row_cost(decoding + n + 1) <= budget:
             n += 1
         return n
 
-    def _plan_guesses(self, decoding: list[Ticket], base_rows: int) -> None:
+    def _plan_guesses(self, decoding: list[Ticket], base_rows: int, shared: bool) -> None:
         """Every decoding request's guesses for this step. Drafters without a model propose
-        first; with two or more requests the controller then trims the guesses of those
-        that let it choose and caps their draft models' γ; then draft models draft, those
-        sharing a model together (drafting.py)."""
-        adaptive = self.config.adaptive and len(decoding) > 1
+        first; with two or more requests (or one beside a prompt chunk, under a row budget)
+        the controller then trims the guesses of those that let it choose and caps their
+        draft models' γ; then draft models draft, those sharing a model together
+        (drafting.py)."""
+        budgeted = self.config.max_step_rows is not None and shared
+        adaptive = self.config.adaptive and (len(decoding) > 1 or budgeted)
         chosen = [t for t in decoding if adaptive and t.machine.adaptive]
         chosen_ids = {id(t) for t in chosen}
         later = [t for t in decoding if t.machine.drafts_with_model
@@ -302,6 +314,8 @@ class BatchScheduler:
                          if not t.machine.drafts_with_model and t not in chosen)
         most = self.config.max_step_cost
         bound = None if most is None else most * self.row_cost(len(decoding))
+        if self.config.max_step_rows is not None:
+            bound = self.row_cost(self.config.max_step_rows)
         counts = allocate(offers, base_rows + fixed_rows, float(len(decoding)), self.row_cost,
                           bound)
         for t, n in zip(chosen, counts, strict=True):

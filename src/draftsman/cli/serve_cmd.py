@@ -85,6 +85,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with two or more requests decoding, cut the guesses so a step costs "
                         "at most this many times one row per request: a bound on the pause "
                         "between each one's tokens, paid in throughput (default: none)")
+    p.add_argument("--max-step-rows", type=int, default=None,
+                   help="a row budget for every step shared by two or more requests: their "
+                        "pending tokens first, then a joining prompt's chunk, then guesses, "
+                        "never more rows in all (the pause between each one's tokens is "
+                        "then one such forward; `draftsman profile` shows its cost here). "
+                        "Replaces --prefill-stall and --max-step-cost while a step is "
+                        "shared (default: none)")
     p.add_argument("--max-kv-tokens", type=int, default=None,
                    help="KV cache slots all admitted requests may reserve together (prompt "
                         "+ max_tokens + 18 each); beyond it, 429 (default: --parallel x the "
@@ -126,6 +133,10 @@ def _check_limits(args: argparse.Namespace) -> None:
         raise InvalidArgumentError("--prefill-stall must be >= 1")
     if args.max_step_cost is not None and args.max_step_cost < 1:
         raise InvalidArgumentError("--max-step-cost must be >= 1")
+    if args.max_step_rows is not None and args.max_step_rows < args.parallel + 1:
+        raise InvalidArgumentError(f"--max-step-rows must be at least --parallel + 1 "
+                                   f"({args.parallel + 1}): every decoding request's token "
+                                   "and one prompt token")
     if args.max_kv_tokens is not None and args.max_kv_tokens < 1:
         raise InvalidArgumentError("--max-kv-tokens must be >= 1")
     if args.history_tokens < 0:
@@ -192,7 +203,8 @@ def build_app(args: argparse.Namespace, engine_thread: EngineThread | None = Non
         default_draft=main_draft, api_keys=api_keys(args),
         history_tokens=args.history_tokens, batch=not args.no_batch,
         prefill_chunk=args.prefill_chunk, prefill_stall=args.prefill_stall,
-        max_step_cost=args.max_step_cost, max_kv_tokens=args.max_kv_tokens,
+        max_step_cost=args.max_step_cost, max_step_rows=args.max_step_rows,
+        max_kv_tokens=args.max_kv_tokens,
         adaptive=not args.fixed_gamma_under_load)
     logging.getLogger("draftsman.server").info(
         "%d API key(s); history of up to %d tokens", len(settings.api_keys),

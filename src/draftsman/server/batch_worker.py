@@ -45,13 +45,15 @@ class BatchingScheduler(Scheduler):
     def __init__(self, engine: Engine, *, parallel: int = 1, max_queue: int = 16,
                  history: HistoryStore | None = None, prefill_chunk: int = 128,
                  adaptive: bool = True, prefill_stall: float = 2.0,
-                 max_step_cost: float | None = None, max_kv_tokens: int | None = None,
+                 max_step_cost: float | None = None, max_step_rows: int | None = None,
+                 max_kv_tokens: int | None = None,
                  row_cost: Callable[[int], float] | None = None,
                  on_step: Callable[[StepReport], None] | None = None,
                  engine_thread: EngineThread | None = None) -> None:
         self.batch = BatchScheduler(engine.target.model, BatchConfig(
             max_batch=parallel, prefill_chunk=prefill_chunk, adaptive=adaptive,
-            prefill_stall=prefill_stall, max_step_cost=max_step_cost), row_cost)
+            prefill_stall=prefill_stall, max_step_cost=max_step_cost,
+            max_step_rows=max_step_rows), row_cost)
         self.max_kv_tokens = max_kv_tokens
         self.kv_reserved = 0
         self.on_step = on_step

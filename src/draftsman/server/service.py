@@ -61,6 +61,7 @@ class ServerSettings:
     prefill_chunk: int = 128  # prompt tokens a joining request reads per step
     prefill_stall: float = 2.0  # ... cut so a step costs at most this x the decode rows'
     max_step_cost: float | None = None  # guesses cut so a shared step costs at most this x
+    max_step_rows: int | None = None  # a row budget for every shared step (chunk, guesses)
     max_kv_tokens: int | None = None  # KV slots all requests may reserve; None: parallel x ctx
     adaptive: bool = True  # the load-adaptive controller chooses gamma=auto guesses
 
@@ -128,6 +129,7 @@ class Server:
             engine, parallel=settings.parallel, max_queue=settings.max_queue,
             history=self.history, prefill_chunk=settings.prefill_chunk,
             prefill_stall=settings.prefill_stall, max_step_cost=settings.max_step_cost,
+            max_step_rows=settings.max_step_rows,
             adaptive=settings.adaptive, max_kv_tokens=settings.max_kv_tokens,
             row_cost=(lambda n: curve.get(n, float(n))) if curve else None,
             on_step=self.metrics.batch_step, engine_thread=self.engine_thread)
