@@ -271,6 +271,21 @@ def test_cost_policy_calibration_chooses_the_first_gamma():
     assert first_gamma(steep, 0.2) == 1  # pays at α = 0.99, not at the prior α = 0.7
 
 
+def test_a_model_free_drafter_starts_at_no_drafting_cost(monkeypatch):
+    """Lookup, n-gram and suffix guesses cost microseconds: their cost policy starts at
+    c = 0 (the running estimate learns the rest), not at a draft model's prior 0.3 that
+    made a batch controller refuse every fresh request's guesses under load."""
+    from draftsman.proposers.prompt_lookup import PromptLookupProposer
+    from draftsman.strategies import registry
+    from draftsman.strategies.gamma import CostModelGamma
+
+    curve = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 20)}
+    monkeypatch.setattr(registry, "verify_cost_curve", lambda engine, n: curve)
+    policy = CostModelGamma(max_gamma=8)
+    registry._calibrate(policy, None, PromptLookupProposer())
+    assert policy.cost == 0.0 and policy.probe
+
+
 def test_a_draft_that_cannot_pay_is_never_run(models):
     """A calibrated cost policy that rules out every γ decodes plainly: no draft forward,
     no draft time, autoregressive tokens."""

@@ -100,8 +100,13 @@ def _calibrate(policy: GammaPolicy, engine: Engine, proposer: Proposer,
     stopped paying (the draft would first read every skipped token)."""
     if isinstance(policy, CostModelGamma):
         policy.probe = not proposer.uses_model
-        draft_cost = (draft_cost_ratio(engine, draft, dtype)
-                      if proposer.uses_model and draft else None)
+        if proposer.uses_model:
+            draft_cost = draft_cost_ratio(engine, draft, dtype) if draft else None
+        else:
+            # n-gram, lookup and suffix guesses cost microseconds next to a forward: a prior
+            # of 0.3 forwards a guess (a draft model's) made every fresh request under load
+            # refuse them until its running estimate decayed (load-amx-row-budget)
+            draft_cost = 0.0
         policy.calibrate(verify_cost_curve(engine, policy.max_gamma + 1), draft_cost)
 
 
