@@ -130,12 +130,9 @@ class Eager(NGramProposer):
         return Proposal([7] * gamma, None)
 
 
-def test_guesses_keep_a_shared_step_within_its_bound(pair, monkeypatch):
-    """Two requests that let the controller choose, each guess valued at 0.95, on
-    v(n) = 1 + 0.1 (n - 1): with prefill_stall 1.2 no step where both decode runs more than 4
-    rows (v(4) = 1.3 <= 1.2 v(2) = 1.32), and each output is still its own alone; with no
-    bound (the default) the same requests verify more (the bound is what cut them)."""
-    target, _ = pair
+def eager_speculative(target, monkeypatch):
+    """A maker of speculative strategies whose every guess (token 7) the controller values
+    at 0.95 and whose cost policy plans every guess it gets, on v(n) = 1 + 0.1 (n - 1)."""
     monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None: n)
     monkeypatch.setattr(step_machine.SpeculativeSteps, "guess_acceptance", lambda self: 0.95)
 
@@ -143,6 +140,17 @@ def test_guesses_keep_a_shared_step_within_its_bound(pair, monkeypatch):
         policy = make_policy("auto", None, 6)
         policy.calibrate({n: 1 + 0.1 * (n - 1) for n in range(1, 40)})
         return Speculative(target, Eager(order=2), policy)
+
+    return make
+
+
+def test_guesses_keep_a_shared_step_within_its_bound(pair, monkeypatch):
+    """Two requests that let the controller choose, each guess valued at 0.95, on
+    v(n) = 1 + 0.1 (n - 1): with prefill_stall 1.2 no step where both decode runs more than 4
+    rows (v(4) = 1.3 <= 1.2 v(2) = 1.32), and each output is still its own alone; with no
+    bound (the default) the same requests verify more (the bound is what cut them)."""
+    target, _ = pair
+    make = eager_speculative(target, monkeypatch)
 
     config = GenerationConfig(12, SamplingConfig())
     widest = {}
@@ -171,13 +179,7 @@ def test_a_row_budget_bounds_every_shared_step(pair, monkeypatch):
     token at a time, nor the 10 rows prefill_stall 2.0 allows on this curve; each output is
     still its own alone."""
     target, _ = pair
-    monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None: n)
-    monkeypatch.setattr(step_machine.SpeculativeSteps, "guess_acceptance", lambda self: 0.95)
-
-    def make():
-        policy = make_policy("auto", None, 6)
-        policy.calibrate({n: 1 + 0.1 * (n - 1) for n in range(1, 40)})
-        return Speculative(target, Eager(order=2), policy)
+    make = eager_speculative(target, monkeypatch)
 
     config = GenerationConfig(12, SamplingConfig())
     scheduler = BatchScheduler(target, BatchConfig(max_batch=3, prefill_chunk=16,

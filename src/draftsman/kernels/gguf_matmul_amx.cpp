@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "amx_records.h"
 #include "kquant_blocks.h"
@@ -53,6 +54,20 @@ constexpr int TILE_ROWS = 16;  // activation rows per tile
 // loads and stores: whole 1.5B q4 forward at 3 / 4 / 5 rows 79 / 81 / 84 -> 71 / 75 / 75 ms;
 // even at 6, slower from 7)
 constexpr int MIN_TILE_ROWS = 6;
+
+// f(std::integral_constant<int, R>{}) for R = rows, 1 <= rows < MIN_TILE_ROWS: one
+// instantiation of a vector path per row count.
+template <typename F>
+inline void with_vector_rows(int rows, F&& f) {
+  static_assert(MIN_TILE_ROWS == 6, "a case for each row count below MIN_TILE_ROWS");
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 5>{});
+  }
+}
 
 #if DRAFTSMAN_AMX
 // Linux hands out AMX state on request, once per process (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -292,15 +307,10 @@ void q4k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
 
 void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                int rows, float* acc) {
-  static_assert(MIN_TILE_ROWS == 6, "a vector path for each row count below MIN_TILE_ROWS");
-  switch (rows) {
-    case 1: return q4k_group_vectors<1>(w, x, nb, row_step, block_step, acc);
-    case 2: return q4k_group_vectors<2>(w, x, nb, row_step, block_step, acc);
-    case 3: return q4k_group_vectors<3>(w, x, nb, row_step, block_step, acc);
-    case 4: return q4k_group_vectors<4>(w, x, nb, row_step, block_step, acc);
-    case 5: return q4k_group_vectors<5>(w, x, nb, row_step, block_step, acc);
-    default: return q4k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
-  }
+  if (rows >= MIN_TILE_ROWS) return q4k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
+  with_vector_rows(rows, [&](auto r) {
+    q4k_group_vectors<decltype(r)::value>(w, x, nb, row_step, block_step, acc);
+  });
 }
 
 // 16 floats as bfloat16, rounded as c10::BFloat16(float) rounds (to nearest even; NaN ->
@@ -437,15 +447,10 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
 
 void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                int rows, float* acc) {
-  static_assert(MIN_TILE_ROWS == 6, "a vector path for each row count below MIN_TILE_ROWS");
-  switch (rows) {
-    case 1: return q6k_group_vectors<1>(w, x, nb, row_step, block_step, acc);
-    case 2: return q6k_group_vectors<2>(w, x, nb, row_step, block_step, acc);
-    case 3: return q6k_group_vectors<3>(w, x, nb, row_step, block_step, acc);
-    case 4: return q6k_group_vectors<4>(w, x, nb, row_step, block_step, acc);
-    case 5: return q6k_group_vectors<5>(w, x, nb, row_step, block_step, acc);
-    default: return q6k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
-  }
+  if (rows >= MIN_TILE_ROWS) return q6k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
+  with_vector_rows(rows, [&](auto r) {
+    q6k_group_vectors<decltype(r)::value>(w, x, nb, row_step, block_step, acc);
+  });
 }
 #endif
 
