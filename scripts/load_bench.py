@@ -7,6 +7,8 @@ Contestants, each on the same GGUF (the target's Q4_K file) and the same threads
   (`gamma=auto`, the load-adaptive controller on), on the same server with speculation
   off (autoregressive requests) and, with --trees, with prompt-lookup trees
   (`branches=auto`);
+- ours, batched under a row budget: with --max-step-rows N, one more server per N with
+  `serve --max-step-rows N` (every shared step at most N rows), prompt lookup;
 - ours as before batching: the same with `--no-batch` (one worker thread per request);
 - ours on the llama.cpp backend, batched (one llama_decode per step), prompt lookup;
 - llama.cpp's `llama-server -np P` from the same vendored source (built by

@@ -122,6 +122,10 @@ class Server:
         # --max-kv-tokens is enforced at admission (429)
         kv_tokens = min(settings.max_kv_tokens or 2**62,
                         settings.parallel * (self.context + GAMMA_HEADROOM))
+        if settings.max_step_rows is not None and curve:
+            log.info("shared steps of at most %d rows: %.2f times a one-row forward on this "
+                     "machine's cost curve", settings.max_step_rows,
+                     curve.get(settings.max_step_rows, float(settings.max_step_rows)))
         log.info("batching up to %d requests per forward; KV cache bounded at %d tokens "
                  "(%.0f MiB)", settings.parallel, kv_tokens,
                  kv_tokens * kv_bytes_per_token(engine) / 2**20)
