@@ -180,6 +180,21 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
   _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
 }
 
+// For each of R rows, one vpdpbusd of unpacked weights q0 (sub-block 2p) and q1 (2p + 1)
+// against the row's 4 activations at x (sub-block 2p) and x + half (2p + 1), into c[m][0],
+// c[m][1]; row m's activations start x + m * xstride.
+template <int R>
+inline void rows_dpbusd(const uint8_t* x, int64_t xstride, int half, __m512i q0, __m512i q1,
+                        __m512i (*c)[2]) {
+  for (int m = 0; m < R; ++m) {
+    int32_t lo, hi;
+    std::memcpy(&lo, x + m * xstride, 4);
+    std::memcpy(&hi, x + m * xstride + half, 4);
+    c[m][0] = _mm512_dpbusd_epi32(c[m][0], q0, _mm512_set1_epi32(lo));
+    c[m][1] = _mm512_dpbusd_epi32(c[m][1], q1, _mm512_set1_epi32(hi));
+  }
+}
+
 // One Q4_K block against R < MIN_TILE_ROWS rows (fewer than tiles pay for): each unpacked
 // vector of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
 // activations into each column's lane), C_j of sub-block j accumulated per row, then
@@ -200,14 +215,7 @@ inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
       const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
       const __m512i q0 = _mm512_and_si512(v, low4);
       const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      for (int m = 0; m < R; ++m) {
-        const uint8_t* xm = xq + m * xstride + 64 * p + 4 * r;  // sub-blocks 2p, 2p + 1
-        int32_t lo, hi;
-        std::memcpy(&lo, xm, 4);
-        std::memcpy(&hi, xm + 32, 4);
-        c[m][0] = _mm512_dpbusd_epi32(c[m][0], q0, _mm512_set1_epi32(lo));
-        c[m][1] = _mm512_dpbusd_epi32(c[m][1], q1, _mm512_set1_epi32(hi));
-      }
+      rows_dpbusd<R>(xq + 64 * p + 4 * r, xstride, 32, q0, q1, c);
     }
     // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
     for (int m = 0; m < R; ++m) {
@@ -218,16 +226,16 @@ inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
   for (int m = 0; m < R; ++m) q4k_finish_row(isum[m], mins, d, dmin, xb[m * row_step], acc + COLS * m);
 }
 
-// One group of 16 Q4_K weight rows against `rows` activation rows from x (more than 16:
-// padded with zero rows to whole tiles of 16): acc[m * 16 + c] += row m's products for
-// m < rows, c < 16. Each block is unpacked once and every tile of rows passes it (a prompt's
-// many tiles share the unpacking as the rows of one tile do).
+// One group of 16 Q4_K weight rows against `rows` >= MIN_TILE_ROWS activation rows from x
+// (more than 16: padded with zero rows to whole tiles of 16): acc[m * 16 + c] += row m's
+// products for m < rows, c < 16. Each block is unpacked once and every tile of rows passes
+// it (a prompt's many tiles share the unpacking as the rows of one tile do).
 // Row m's block b is x[m * row_step + b * block_step].
 //
-// Tiles (3+ rows): each 6-bit sub-block scale is split as sc = 8 hi + lo (hi, lo < 8), and
-// the weights are multiplied by them as they are unpacked (hi q, lo q <= 105: still bytes),
-// so that two sums over the whole block, C_hi = sum_k x_q hi q and C_lo = sum_k x_q lo q,
-// give isum = 8 C_hi + C_lo = sum_j sc_j C_j exactly. Per block, a row then pays one shift
+// Each 6-bit sub-block scale is split as sc = 8 hi + lo (hi, lo < 8), and the weights are
+// multiplied by them as they are unpacked (hi q, lo q <= 105: still bytes), so that two
+// sums over the whole block, C_hi = sum_k x_q hi q and C_lo = sum_k x_q lo q, give
+// isum = 8 C_hi + C_lo = sum_j sc_j C_j exactly. Per block, a row then pays one shift
 // and one add instead of a multiply per sub-block, and two tiles are stored instead of
 // eight; the scale work moves to the unpacking, which every row of the tile shares.
 void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
@@ -354,14 +362,7 @@ inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
     for (int r = 0; r < 4; ++r) {
       __m512i qa, qb;
       q6k_unpack(w, p, r, &qa, &qb);
-      for (int m = 0; m < R; ++m) {
-        const uint8_t* xm = xq + m * xstride + 32 * p + 4 * r;  // sub-blocks 2p, 2p + 1
-        int32_t lo, hi;
-        std::memcpy(&lo, xm, 4);
-        std::memcpy(&hi, xm + 16, 4);
-        c[m][0] = _mm512_dpbusd_epi32(c[m][0], qa, _mm512_set1_epi32(lo));
-        c[m][1] = _mm512_dpbusd_epi32(c[m][1], qb, _mm512_set1_epi32(hi));
-      }
+      rows_dpbusd<R>(xq + 32 * p + 4 * r, xstride, 16, qa, qb, c);
     }
     for (int m = 0; m < R; ++m) {
       const Q8Block& x = xb[m * row_step];
