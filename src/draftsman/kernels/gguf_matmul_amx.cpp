@@ -2,8 +2,9 @@
 //
 // The vector paths (gguf_matmul.cpp) take one weight row at a time and spend a few
 // instructions per 64 weights per activation row, so verifying 16 rows costs ~3 single-row
-// forwards. A tile multiply takes 16 activation rows x 16 weight rows x 64 weights (Q4_K)
-// or one 16-weight sub-block (Q6_K) in one instruction. Past the tiles, 16 rows are
+// forwards. A tile multiply takes 16 activation rows x 16 weight rows x 64 weights in one
+// instruction; the sub-block scales are folded into the weights as they are unpacked, so
+// that two tile sums per block give each row's exact integer. Past the tiles, 16 rows are
 // compute-bound on the vector work around them (unpacking, scales), not on the tiles: that
 // work is what the record layouts (amx_records.h) are arranged to cut.
 //
@@ -14,8 +15,8 @@
 // (exact in int32):
 //   Q4_K: isum = sum_j sc_j[n] C_j,  msum = sum_j m_j[n] psum_j[m]  (exact integers),
 //         acc = acc + (d[n] d_x[m]) isum - (dmin[n] d_x[m]) msum  (two fused float ops)
-//   Q6_K: C'_j = C_j - 32 bsum_j[m] (exact),  f = sum_j sc_j[n] C'_j  (float fmas in order j),
-//         acc += (d[n] d_x[m]) f
+//   Q6_K: isum = sum_j sc_j[n] (C_j - 32 bsum_j[m])  (exact integers),
+//         acc = acc + (d[n] d_x[m]) isum  (one fused float op)
 // Invariant (batch invariance): row m's arithmetic, in this order, is the same whatever
 // other rows share its tile, so a row's output is the same alone or in any batch and thread
 // count.
@@ -87,41 +88,6 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// The tile configuration of the Q6_K path, two pipelines of (C, A, B) tiles: tmm0/3 C,
-// `rows` x 16 int32; tmm1/4 A, `rows` x one 16-weight sub-block of int8; tmm2/5 B, 4 x 64
-// (16 k x 16 columns in VNNI order). Tile state is per thread: each thread configures its own.
-void configure_q6k(int rows) {
-  TileConfig cfg;
-  for (int t : {0, 3}) {
-    cfg.rows[t] = static_cast<uint8_t>(rows);
-    cfg.colsb[t] = 64;
-    cfg.rows[t + 1] = static_cast<uint8_t>(rows);
-    cfg.colsb[t + 1] = 16;
-    cfg.rows[t + 2] = 4;
-    cfg.colsb[t + 2] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
-
-// cbuf[j] = C_j for sub-blocks j < count (even), two tile products in flight at a time
-// (Q6_K: signed weights q - 32). x: sub-block 0 of the first activation row (rows xstride
-// bytes apart); bq: B operands, 16 * width bytes each.
-void sub_block_products(const uint8_t* x, int64_t xstride, int width, const uint8_t* bq,
-                        int count, int32_t* cbuf) {
-  for (int j = 0; j < count; j += 2) {
-    _tile_loadd(1, x + width * j, xstride);
-    _tile_loadd(2, bq + 16 * width * j, 64);
-    _tile_loadd(4, x + width * (j + 1), xstride);
-    _tile_loadd(5, bq + 16 * width * (j + 1), 64);
-    _tile_zero(0);
-    _tile_zero(3);
-    _tile_dpbssd(0, 1, 2);  // signed activations x signed weights
-    _tile_dpbssd(3, 4, 5);
-    _tile_stored(0, cbuf + TILE_ROWS * COLS * j, 64);
-    _tile_stored(3, cbuf + TILE_ROWS * COLS * (j + 1), 64);
-  }
-}
-
 // The record 8 ahead, into L2: at 16 rows a record's vector work is long enough that 2
 // ahead into L1 left the memory idle between records (measured on an AMX Xeon, 110 x 8 MB
 // Q4_K matrices: one row 51 -> 47 ms, 16 rows 74 -> 69 ms; Q6_K 16 rows 90 -> 86 ms).
@@ -131,10 +97,10 @@ void prefetch_record(const uint8_t* w, int bytes) {
   }
 }
 
-// The tile configuration of the Q4_K path: tmm0/1 the two sums C_hi, C_lo (`rows` x 16
-// int32), tmm2/3 A (`rows` x 64 int8: two sub-blocks), tmm4-7 B (16 x 64: 64 k x 16 columns
-// in VNNI order), B_hi and B_lo of two sub-block pairs.
-void configure_q4k(int rows) {
+// The tile configuration of both paths: tmm0/1 the two sums (`rows` x 16 int32), tmm2/3 A
+// (`rows` x 64 int8: 64 k), tmm4-7 B (16 x 64: 64 k x 16 columns in VNNI order), the two
+// operands of two runs of 64 k. Tile state is per thread: each thread configures its own.
+void configure_tiles(int rows) {
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) {
     cfg.rows[t] = static_cast<uint8_t>(rows);
@@ -178,6 +144,12 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
   const __m512 dx = _mm512_set1_ps(xb.d);
   const __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum), _mm512_loadu_ps(acc));
   _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
+}
+
+// Row m's share of one Q6_K block after its exact integer sum, the same for every path.
+inline void q6k_finish_row(__m512i isum, __m512 d, const Q8Block& xb, float* acc) {
+  _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(isum),
+                                        _mm512_loadu_ps(acc)));
 }
 
 // For each of R rows, one vpdpbusd of unpacked weights q0 (sub-block 2p) and q1 (2p + 1)
@@ -226,6 +198,38 @@ inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
   for (int m = 0; m < R; ++m) q4k_finish_row(isum[m], mins, d, dmin, xb[m * row_step], acc + COLS * m);
 }
 
+// C0 = sum_k x_q B0, C1 = sum_k x_q B1 over one 256-k block for one tile of activation rows
+// (xq: the tile's first row, rows xstride bytes apart), stored to cbuf[0], cbuf[1]; b0[c],
+// b1[c]: the B operands of k 64c..64c+63. Signed weights (Q6_K's split products) or unsigned
+// (Q4_K's scaled nibbles).
+template <bool SIGNED_WEIGHTS>
+inline void block_two_sums(const uint8_t* xq, int64_t xstride, const uint8_t (*b0)[16 * 64],
+                           const uint8_t (*b1)[16 * 64], int32_t (*cbuf)[TILE_ROWS * COLS]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int c = 0; c < 4; c += 2) {
+    _tile_loadd(2, xq + 64 * c, xstride);
+    _tile_loadd(4, b0[c], 64);
+    _tile_loadd(5, b1[c], 64);
+    _tile_loadd(3, xq + 64 * (c + 1), xstride);
+    _tile_loadd(6, b0[c + 1], 64);
+    _tile_loadd(7, b1[c + 1], 64);
+    if constexpr (SIGNED_WEIGHTS) {
+      _tile_dpbssd(0, 2, 4);
+      _tile_dpbssd(1, 2, 5);
+      _tile_dpbssd(0, 3, 6);
+      _tile_dpbssd(1, 3, 7);
+    } else {
+      _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
+      _tile_dpbsud(1, 2, 5);
+      _tile_dpbsud(0, 3, 6);
+      _tile_dpbsud(1, 3, 7);
+    }
+  }
+  _tile_stored(0, cbuf[0], 64);
+  _tile_stored(1, cbuf[1], 64);
+}
+
 // One group of 16 Q4_K weight rows against `rows` >= MIN_TILE_ROWS activation rows from x
 // (more than 16: padded with zero rows to whole tiles of 16): acc[m * 16 + c] += row m's
 // products for m < rows, c < 16. Each block is unpacked once and every tile of rows passes
@@ -271,22 +275,7 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
     for (int t = 0; t < ntiles; ++t) {
       const Q8Block* xt = x + t * TILE_ROWS * row_step;
       const uint8_t* xqt = reinterpret_cast<const uint8_t*>(xt + b * block_step) + offsetof(Q8Block, q);
-      _tile_zero(0);
-      _tile_zero(1);
-      for (int p = 0; p < 4; p += 2) {
-        _tile_loadd(2, xqt + 64 * p, xstride);
-        _tile_loadd(4, bhi[p], 64);
-        _tile_loadd(5, blo[p], 64);
-        _tile_loadd(3, xqt + 64 * (p + 1), xstride);
-        _tile_loadd(6, bhi[p + 1], 64);
-        _tile_loadd(7, blo[p + 1], 64);
-        _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
-        _tile_dpbsud(1, 2, 5);
-        _tile_dpbsud(0, 3, 6);
-        _tile_dpbsud(1, 3, 7);
-      }
-      _tile_stored(0, cbuf[0], 64);
-      _tile_stored(1, cbuf[1], 64);
+      block_two_sums<false>(xqt, xstride, bhi, blo, cbuf);
       const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
       for (int m = 0; m < tile_rows; ++m) {
         // |C_hi|, |C_lo| <= 256 * 127 * 105: 8 C_hi + C_lo fits int32
@@ -348,14 +337,13 @@ inline void q6k_unpack(const uint8_t* w, int p, int r, __m512i* qa, __m512i* qb)
 }
 
 // One Q6_K block against R < MIN_TILE_ROWS rows, as q4k_block_vectors: sub-blocks 2p, 2p + 1
-// come out of one pass over their quad bytes, their C_j in registers, and each row's float
-// chain f = sum_j sc_j C'_j runs in j order as they complete (the tiles' operations, in
-// their order, on the same exact C'_j).
+// come out of one pass over their quad bytes, their C_j in registers, and each row's
+// isum += sc_j (C_j - 32 bsum_j) in exact int32 as they complete: the tiles' integer.
 template <int R>
-inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512* sc,
+inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512i* sc,
                               __m512 d, const Q8Block* xb, int64_t row_step, float* acc) {
-  __m512 f[R];
-  for (int m = 0; m < R; ++m) f[m] = _mm512_setzero_ps();
+  __m512i isum[R];
+  for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_si512();
   for (int p = 0; p < 8; ++p) {
     __m512i c[R][2];
     for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
@@ -364,29 +352,31 @@ inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
       q6k_unpack(w, p, r, &qa, &qb);
       rows_dpbusd<R>(xq + 32 * p + 4 * r, xstride, 16, qa, qb, c);
     }
+    // |C_j - 32 bsum_j| <= 16 * 127 * 32 and |sc_j| <= 128: the sum over 16 fits int32
     for (int m = 0; m < R; ++m) {
       const Q8Block& x = xb[m * row_step];
-      for (int h = 0; h < 2; ++h) {  // C'_j = C_j - 32 bsum_j, then f += sc_j C'_j
+      for (int h = 0; h < 2; ++h) {
         const int j = 2 * p + h;
         const __m512i cj = _mm512_sub_epi32(c[m][h], _mm512_set1_epi32(32 * x.bsums[j]));
-        f[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(cj), sc[j], f[m]);
+        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(cj, sc[j]));
       }
     }
   }
-  for (int m = 0; m < R; ++m) {
-    float* a = acc + COLS * m;
-    _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb[m * row_step].d)), f[m],
-                                        _mm512_loadu_ps(a)));
-  }
+  for (int m = 0; m < R; ++m) q6k_finish_row(isum[m], d, xb[m * row_step], acc + COLS * m);
 }
 
-// Sub-block scales as floats: sc_j C'_j (< 2^24) is exact in float.
-inline void q6k_scales(const uint8_t* w, __m512* sc) {
-  for (int j = 0; j < 16; ++j) {
-    sc[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
+// A Q6_K record's per-column factors: sub-block scales as int32 lanes, d as floats.
+struct Q6kScales {
+  __m512i sc[16];
+  __m512 d;
+
+  explicit Q6kScales(const uint8_t* w) {
+    for (int j = 0; j < 16; ++j) {
+      sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j)));
+    }
+    d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
   }
-}
+};
 
 // One group of 16 Q6_K weight rows against R < MIN_TILE_ROWS activation rows, as
 // q4k_group_vectors.
@@ -396,51 +386,67 @@ void q6k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     prefetch_record(w, Q6_RECORD);
-    __m512 sc[16];
-    q6k_scales(w, sc);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
+    const Q6kScales s(w);
     const Q8Block* xb = x + b * block_step;
-    q6k_block_vectors<R>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, sc, d,
+    q6k_block_vectors<R>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc, s.d,
                          xb, row_step, acc);
   }
 }
 
-// One group of 16 Q6_K weight rows against more rows, on tiles, as q4k_group_tiles.
+// 64 weights of one Q6_K sub-block (q in 0..63, 4 k of each column per 32-bit lane) times
+// the column's scale, v = (q - 32) sc (|v| <= 4096, in 16 bits: scw holds the scale in both
+// halves of the lane), as two byte operands v = 128 H + L (H = v >> 7 in [-32, 32],
+// L = v & 127): the tiles then sum over a whole block at once, isum = 128 C_H + C_L, instead
+// of one 16-k sub-block per tile multiply and a stored tile per sub-block.
+inline void q6k_split_products(__m512i q, __m512i scw, __m512i* hb, __m512i* lb) {
+  const __m512i qs = _mm512_sub_epi8(q, _mm512_set1_epi8(32));
+  const __m512i e = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(qs, 8), 8), scw);  // even bytes
+  const __m512i o = _mm512_mullo_epi16(_mm512_srai_epi16(qs, 8), scw);                        // odd bytes
+  const __m512i low7 = _mm512_set1_epi16(127), low8 = _mm512_set1_epi16(0xFF);
+  *hb = _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi16(e, 7), low8),
+                        _mm512_slli_epi16(_mm512_srai_epi16(o, 7), 8));
+  *lb = _mm512_or_si512(_mm512_and_si512(e, low7), _mm512_slli_epi16(_mm512_and_si512(o, low7), 8));
+}
+
+// One group of 16 Q6_K weight rows against more rows, on tiles, as q4k_group_tiles: each
+// block's scaled weights are split once (q6k_split_products) and every tile of rows passes
+// them, two tile sums per block.
 void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                      int rows, float* acc) {
-  alignas(64) uint8_t bq[16][4 * 64];              // the 16 sub-blocks' B operands
-  alignas(64) int32_t cbuf[16][TILE_ROWS * COLS];
+  alignas(64) uint8_t bh[4][16 * 64], bl[4][16 * 64];  // tiles: H, L per 64 k
+  alignas(64) int32_t cbuf[2][TILE_ROWS * COLS];      // tiles: C_H, C_L
   const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
-  const __m512i k32 = _mm512_set1_epi8(32);
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
+  const __m512i low16 = _mm512_set1_epi32(0xFFFF);
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     prefetch_record(w, Q6_RECORD);
+    const Q6kScales s(w);
+    __m512i scw[16];
+    for (int j = 0; j < 16; ++j) scw[j] = _mm512_or_si512(_mm512_and_si512(s.sc[j], low16), _mm512_slli_epi32(s.sc[j], 16));
     for (int p = 0; p < 8; ++p) {
       for (int r = 0; r < 4; ++r) {
-        __m512i qa, qb;
+        __m512i qa, qb, h, l;
         q6k_unpack(w, p, r, &qa, &qb);
-        // tiles take q - 32 as signed bytes (no per-row offset later)
-        _mm512_store_si512(bq[2 * p] + 64 * r, _mm512_sub_epi8(qa, k32));
-        _mm512_store_si512(bq[2 * p + 1] + 64 * r, _mm512_sub_epi8(qb, k32));
+        // sub-block j's VNNI rows are rows 4 (j % 4) .. + 3 of the 64-k run j / 4
+        q6k_split_products(qa, scw[2 * p], &h, &l);
+        const int ra = 64 * (4 * ((2 * p) % 4) + r), rb = 64 * (4 * ((2 * p + 1) % 4) + r);
+        _mm512_store_si512(bh[p / 2] + ra, h);
+        _mm512_store_si512(bl[p / 2] + ra, l);
+        q6k_split_products(qb, scw[2 * p + 1], &h, &l);
+        _mm512_store_si512(bh[p / 2] + rb, h);
+        _mm512_store_si512(bl[p / 2] + rb, l);
       }
     }
-    __m512 sc[16];
-    q6k_scales(w, sc);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
     for (int t = 0; t < ntiles; ++t) {
       const Q8Block* xt = x + t * TILE_ROWS * row_step;
-      const uint8_t* xq = reinterpret_cast<const uint8_t*>(xt + b * block_step) + offsetof(Q8Block, q);
+      const uint8_t* xqt = reinterpret_cast<const uint8_t*>(xt + b * block_step) + offsetof(Q8Block, q);
+      block_two_sums<true>(xqt, xstride, bh, bl, cbuf);
       const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
-      sub_block_products(xq, xstride, 16, bq[0], 16, cbuf[0]);
       for (int m = 0; m < tile_rows; ++m) {
-        const Q8Block& xb = xt[m * row_step + b * block_step];
-        // the same float operations on the same exact C'_j as q6k_block_vectors
-        __m512 f = _mm512_setzero_ps();
-        for (int j = 0; j < 16; ++j) {
-          f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[j] + COLS * m)), sc[j], f);
-        }
-        float* a = acc + COLS * (t * TILE_ROWS + m);
-        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), f, _mm512_loadu_ps(a)));
+        // |C_H| <= 256 * 127 * 32: 128 C_H + C_L fits int32 and is the vector path's isum
+        const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 7),
+                                              _mm512_load_si512(cbuf[1] + COLS * m));
+        q6k_finish_row(isum, s.d, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
       }
     }
   }
@@ -499,13 +505,7 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // Each group of 16 output columns is one thread's work: every tile of activation rows
   // passes each of its blocks as it is unpacked.
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    if (tiles) {
-      if (qtype == TYPE_Q4_K) {
-        configure_q4k(tile_rows);
-      } else {
-        configure_q6k(tile_rows);
-      }
-    }
+    if (tiles) configure_tiles(tile_rows);
     thread_local std::vector<float> buf;  // grows only, as xs; rows 64-byte aligned
     if (static_cast<int64_t>(buf.size()) < (tiled + 1) * COLS) buf.resize(static_cast<size_t>((tiled + 1) * COLS));
     float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
