@@ -18,18 +18,19 @@ import torch
 
 from draftsman.backends.choose import (
     AUTO,
-    CHOICES,
     DEFAULT_DTYPE,
     BackendChoice,
     Need,
+    check_backend,
+    check_static,
     choose_backend,
 )
-from draftsman.backends.llama_cpp import NUMERICS
 from draftsman.core import GenerationConfig, Stats, Step
 from draftsman.device import resolve_device
-from draftsman.errors import DraftsmanError, InvalidArgumentError
+from draftsman.errors import DraftsmanError, InvalidArgumentError, UnsupportedError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
+from draftsman.models.draft_vocab import draft_head_rows
 from draftsman.models.loader import load_model
 from draftsman.models.static_step import StaticConfig, StaticModel
 from draftsman.models.weight_formats import companion_dtype, gguf_source, is_quantised, parse_dtype
@@ -71,20 +72,6 @@ class LoadedModel:
         return bool(self.tokenizer.chat_template)
 
 
-def check_backend(backend: str, numerics: str) -> None:
-    """Refuse an unknown backend or numerics mode before any model loads. The torch backend
-    has one mode, "fast": batch-variant in bf16, exact in fp32, nothing to trade."""
-    if backend not in CHOICES:  # "auto" passes here and is checked again once chosen
-        raise InvalidArgumentError(
-            f"unknown backend {backend!r}; choose from {', '.join(CHOICES)}")
-    if numerics not in NUMERICS:
-        raise InvalidArgumentError(
-            f"unknown --numerics {numerics!r}; choose from {', '.join(NUMERICS)}")
-    if backend == "torch" and numerics != "fast":
-        raise InvalidArgumentError(
-            f"--numerics {numerics} needs --backend llama.cpp (torch is exact in --dtype fp32)")
-
-
 def pick_device(device: str | torch.device | None, backend: str = "torch",
                 dtype: str | torch.dtype = "bf16") -> torch.device:
     """The device a model runs on for `--device` (see device.py). llama.cpp is built for the
@@ -95,11 +82,6 @@ def pick_device(device: str | torch.device | None, backend: str = "torch",
     if is_quantised(dtype):
         return resolve_device(device, cpu_only=f"--dtype {dtype} runs on the CPU only")
     return resolve_device(device)
-
-
-def check_static(static: bool | StaticConfig, backend: str) -> None:
-    if static and backend != "torch":
-        raise InvalidArgumentError(f"--static needs --backend torch, not {backend}")
 
 
 MethodSpec = tuple[str, Mapping[str, Any]]  # (method name, options)
@@ -148,15 +130,16 @@ def pick_backend(target: str | Path, requested: str = AUTO, *, dtype: str = DEFA
 
 def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
                 backend: str = "torch", numerics: str = "fast",
-                device: str | torch.device | None = "cpu", static: bool | StaticConfig = False
-                ) -> LoadedModel:
+                device: str | torch.device | None = "cpu", static: bool | StaticConfig = False,
+                draft_vocab: int | None = None) -> LoadedModel:
     """A catalogue name, a Hugging Face-style folder, a .gguf file or hf:owner/name.
 
     backend "torch" runs our own models/ in `dtype` on `device` (auto, cpu, cuda[:N]);
     "llama.cpp" runs the model's GGUF on llama.cpp (its own quantisation; `dtype` ignored;
     CPU only), so it needs a catalogue name or a .gguf file; the folder gives the config and
     tokenizer either way. `numerics` ("fast" or "bitwise"): llama.cpp's feeding mode
-    (backends/llama_cpp.py). `static` (torch only): models/static_step.py."""
+    (backends/llama_cpp.py). `static` (torch only): models/static_step.py. `draft_vocab`
+    (torch only): the head scores only that many ranked tokens (models/draft_vocab.py)."""
     from draftsman.store.resolve import resolve_gguf, resolve_model
 
     check_backend(backend, numerics)
@@ -166,10 +149,14 @@ def load_bundle(spec: str | Path, dtype: str | torch.dtype = "bf16",
     if backend == "llama.cpp":
         from draftsman.backends.llama_cpp import LlamaCppLM
 
+        if draft_vocab is not None:
+            raise UnsupportedError("draft_vocab runs on the torch backend")
         gguf = resolve_gguf(str(spec))
         model = LlamaCppLM(gguf, ModelConfig.from_folder(folder), numerics=numerics)
     else:
-        model = load_model(folder, dtype, gguf=gguf_source(str(spec), dtype), device=placed)
+        head = None if draft_vocab is None else draft_head_rows(folder, draft_vocab)
+        model = load_model(folder, dtype, gguf=gguf_source(str(spec), dtype), device=placed,
+                           head_rows=head)
         if static:
             model = StaticModel(model, static if isinstance(static, StaticConfig) else None)
     tokenizer = Tokenizer.from_folder(folder, extra_eos=model.config.eos_token_ids)
@@ -270,13 +257,16 @@ class Engine:
         """A companion's (a draft's) format: `dtype`, else the engine's (q4 -> q4-draft)."""
         return parse_dtype(dtype) if dtype is not None else companion_dtype(self.dtype)
 
-    def model(self, spec: str, dtype: str | torch.dtype | None = None) -> LoadedModel:
-        """A companion model in `companion_dtype(dtype)`, loaded once, vocabulary checked."""
+    def model(self, spec: str, dtype: str | torch.dtype | None = None,
+              vocab: int | None = None) -> LoadedModel:
+        """A companion model in `companion_dtype(dtype)` (its head over `vocab` ranked tokens
+        if given), loaded once, vocabulary checked."""
         fmt = self.companion_dtype(dtype)
         key = spec if dtype is None or fmt == self.companion_dtype() else f"{spec} ({fmt})"
+        key += "" if vocab is None else f" vocab {vocab}"
         if key not in self._models:
             bundle = load_bundle(spec, fmt if self.backend == "torch" else self.dtype,
-                                 self.backend, self.numerics, self.device, self.static)
+                                 self.backend, self.numerics, self.device, self.static, vocab)
             check_same_vocabulary(self.target.tokenizer, bundle.tokenizer, self.target.name,
                                   bundle.name)
             if bundle.config.vocab_size != self.target.config.vocab_size:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from draftsman.kernels.native import build_key
+from draftsman.models.draft_vocab import VocabSubsetHead
 from draftsman.store.home import draftsman_home
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ def model_kind(model: Any, dtype: torch.dtype | str) -> str:
         kind += "-" + str(device).replace(":", "")
     if "--static" in caps.backend:
         kind += "-static" + ("-compiled" if caps.backend.endswith("--compile") else "")
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, VocabSubsetHead):  # a draft's narrowed head: its own, cheaper curve
+        kind += f"-vocab{len(head.keep)}"
     return kind
 
 
@@ -98,10 +102,11 @@ def verify_cost_curve(engine: Engine, max_tokens: int) -> dict[int, float]:
     return {n: interpolate(latency, n) / base for n in range(1, max_tokens + 1)}
 
 
-def draft_cost_ratio(engine: Engine, draft: str, dtype: str | None = None) -> float:
-    """c before any step: one forward of the draft model (in its format, Engine.model) /
-    one forward of the target."""
-    loaded = engine.model(draft, dtype)
+def draft_cost_ratio(engine: Engine, draft: str, dtype: str | None = None,
+                     vocab: int | None = None) -> float:
+    """c before any step: one forward of the draft model (in its format and head, Engine.model)
+    / one forward of the target."""
+    loaded = engine.model(draft, dtype, vocab)
     kind = model_kind(loaded.model, engine.companion_dtype(dtype))
     mine = latency_profile(engine, loaded.name, loaded.model, kind=kind)[1]
     return mine / latency_profile(engine, engine.target.name, engine.target.model)[1]

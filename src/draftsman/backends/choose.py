@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from draftsman.backends.llama_cpp import NUMERICS
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.protocol import Capabilities
 
@@ -72,3 +73,23 @@ def choose_backend(requested: str, *, llama_cpp: Capabilities, needs: Sequence[N
         return BackendChoice("torch", f"the llama.cpp bindings do not load: {problem}")
     return BackendChoice("llama.cpp", "no CUDA GPU, the model has a GGUF and the method runs "
                                       "on llama.cpp")
+
+
+def check_backend(backend: str, numerics: str) -> None:
+    """Refuse an unknown backend or numerics mode before any model loads. The torch backend
+    has one mode, "fast": batch-variant in bf16, exact in fp32, nothing to trade."""
+    if backend not in CHOICES:  # "auto" passes here and is checked again once chosen
+        raise InvalidArgumentError(
+            f"unknown backend {backend!r}; choose from {', '.join(CHOICES)}")
+    if numerics not in NUMERICS:
+        raise InvalidArgumentError(
+            f"unknown --numerics {numerics!r}; choose from {', '.join(NUMERICS)}")
+    if backend == "torch" and numerics != "fast":
+        raise InvalidArgumentError(
+            f"--numerics {numerics} needs --backend llama.cpp (torch is exact in --dtype fp32)")
+
+
+def check_static(static: object, backend: str) -> None:
+    """Static-shape steps (a bool or a StaticConfig) run on the torch backend only."""
+    if static and backend != "torch":
+        raise InvalidArgumentError(f"--static needs --backend torch, not {backend}")

@@ -13,6 +13,7 @@ from torch import nn
 from draftsman.errors import DraftsmanError, IntegrityError, ModelNotFoundError, UnsupportedError
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
+from draftsman.models.draft_vocab import VocabSubsetHead, narrowed_linear
 from draftsman.models.gpt2 import GPT2Model
 from draftsman.models.llama import LlamaModel
 from draftsman.models.quant_linear import hf_weight_names, quantize_model
@@ -92,10 +93,13 @@ def load_model(
     folder: str | Path, dtype: str | torch.dtype = "bf16", max_positions: int | None = None,
     device: torch.device | None = None,
     gguf: str | Path | None = None,
+    head_rows: torch.Tensor | None = None,
 ) -> DecoderLM:
     """The folder's model in `dtype`. For "q4" / "q8" every Linear is packed from `gguf`
     (the same model's GGUF: its own blocks, see models/quant_linear.py); embeddings and
-    norms come from the folder in bf16. Without a GGUF, q8 quantises the folder's weights."""
+    norms come from the folder in bf16. Without a GGUF, q8 quantises the folder's weights.
+    `head_rows`: the LM head scores only these token ids, -inf elsewhere (a draft's
+    vocabulary, models/draft_vocab.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelNotFoundError(f"model folder {folder} does not exist")
@@ -114,13 +118,20 @@ def load_model(
             raise UnsupportedError(f"--dtype {dtype} runs on the CPU only, not on {device}")
         if blocks is None:  # q8 of the folder's own weights
             model = build_model(config, read_safetensors(folder), torch.bfloat16, max_positions)
-            return quantize_model(model, str(dtype), blocks)
-        return _quantized_from_blocks(folder, config, str(dtype), blocks, max_positions)
-    return build_model(config, read_safetensors(folder), dtype, max_positions, device)
+            return quantize_model(model, str(dtype), blocks, head_rows)
+        return _quantized_from_blocks(folder, config, str(dtype), blocks, max_positions,
+                                      head_rows)
+    model = build_model(config, read_safetensors(folder), dtype, max_positions, device)
+    if head_rows is not None:
+        head = narrowed_linear(model.lm_head.weight, head_rows.to(model.lm_head.weight.device))
+        model.lm_head = VocabSubsetHead(head, head_rows.to(head.weight.device),
+                                        config.vocab_size)
+    return model
 
 
 def _quantized_from_blocks(folder: Path, config: ModelConfig, kind: str, blocks,
-                           max_positions: int | None) -> DecoderLM:
+                           max_positions: int | None, head_rows: torch.Tensor | None
+                           ) -> DecoderLM:
     """Every Linear packed from `blocks` without its bf16 weights ever being read: the model
     is built with Linears on the meta device, the folder gives only embeddings, norms and
     biases (the 1.5B then peaks at 1.2 GiB of memory instead of 5.3)."""
@@ -134,7 +145,7 @@ def _quantized_from_blocks(folder: Path, config: ModelConfig, kind: str, blocks,
     state = read_safetensors(folder, skip)
     model = build_model(config, state, torch.bfloat16, max_positions, without_linears=True)
     del state
-    model = quantize_model(model, kind, blocks)
+    model = quantize_model(model, kind, blocks, head_rows)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise IntegrityError(f"{folder}: no weights for {', '.join(left[:4])}")

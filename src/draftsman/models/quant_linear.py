@@ -46,6 +46,7 @@ from torch import nn
 from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedError
 from draftsman.kernels.native import kquant_amx, kquant_available, unavailable_reason
 from draftsman.models.base import DecoderLM
+from draftsman.models.draft_vocab import VocabSubsetHead
 from draftsman.models.llama import FUSED_LINEARS
 from draftsman.models.weight_formats import FORMATS, QUANT_KINDS, activation_bits, int8_kernel
 from draftsman.store.gguf_blocks import BlockTensor
@@ -366,6 +367,13 @@ def hf_weight_names(module_name: str, tied: bool) -> list[str]:
     return [f"model.layers.{index}.{p}.weight" for p in FUSED_LINEARS.get(rest, (rest,))]
 
 
+def selected_rows(t: BlockTensor, rows: torch.Tensor) -> BlockTensor:
+    """The output rows `rows` of a GGUF matrix, blocks as stored (each row's blocks are
+    its own)."""
+    picked = np.ascontiguousarray(t.rows[rows.numpy()])
+    return BlockTensor(t.name, t.qtype, (len(picked), t.shape[1]), picked)
+
+
 def takes_native(t: BlockTensor) -> bool:
     """Whether `t` runs on the K-quant kernel as stored (see the module docstring)."""
     return (t.qtype in KQUANT_NATIVE and t.shape[1] % KQUANT_WIDTH == 0
@@ -429,7 +437,8 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
 
 
 def quantize_model(model: DecoderLM, kind: str,
-                   blocks: Mapping[str, BlockTensor] | None = None) -> DecoderLM:
+                   blocks: Mapping[str, BlockTensor] | None = None,
+                   head_rows: torch.Tensor | None = None) -> DecoderLM:
     """Replace every Linear (LM head included) by a QuantLinear, in place.
 
     With `blocks` (a GGUF's matrices by Hugging Face name) the weights come from them;
@@ -437,6 +446,7 @@ def quantize_model(model: DecoderLM, kind: str,
     a GGUF's own 4-bit blocks). The activation dtype stays the model's. Sets
     `model.quant_summary`: how many matrices took which path. On the CPU, where the
     kernels build, the small ops between the matrices take them too (`use_fused_cpu_ops`).
+    `head_rows`: the LM head keeps only these vocabulary rows (models/draft_vocab.py).
     """
     if kind not in QUANT_KINDS:
         raise InvalidArgumentError(f"unknown quantisation {kind!r}; choose "
@@ -448,21 +458,27 @@ def quantize_model(model: DecoderLM, kind: str,
     summary: Counter = Counter()
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     for name, linear in linears:
+        narrow = head_rows is not None and name == "lm_head"
         if blocks is None:
-            sources: list[tuple[str, BlockTensor | torch.Tensor]] = [(name, linear.weight)]
+            sources: list[tuple[str, BlockTensor | torch.Tensor]] = [
+                (name, linear.weight[head_rows] if narrow else linear.weight)]
         else:
             sources = []
             for hf in hf_weight_names(name, tied):
                 if hf not in blocks:
                     raise IntegrityError(f"the GGUF has no tensor {hf} (for {name})")
-                sources.append((hf, blocks[hf]))
+                sources.append((hf, selected_rows(blocks[hf], head_rows) if narrow else blocks[hf]))
             rows = sum(b.shape[0] for _, b in sources)
-            if (rows, linear.in_features) != (linear.out_features, sources[0][1].shape[1]):
+            want = len(head_rows) if narrow else linear.out_features
+            if (rows, linear.in_features) != (want, sources[0][1].shape[1]):
                 raise IntegrityError(
                     f"{name}: GGUF shape ({rows}, {sources[0][1].shape[1]}) does not match "
-                    f"the model's ({linear.out_features}, {linear.in_features})")
+                    f"the model's ({want}, {linear.in_features})")
         bias = linear.bias
-        quant = QuantLinear(_runs(sources, kind, dtype, summary), linear.in_features, bias, dtype)
+        quant: nn.Module = QuantLinear(_runs(sources, kind, dtype, summary), linear.in_features,
+                                       bias, dtype)
+        if narrow:
+            quant = VocabSubsetHead(quant, head_rows, linear.out_features)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, quant)
     if kquant_available() and model.device.type == "cpu":

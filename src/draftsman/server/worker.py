@@ -326,7 +326,7 @@ def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> 
     load = engine.model
     fallback = engine.default_draft
 
-    def model(spec: str, dtype=None):
+    def model(spec: str, dtype=None, vocab: int | None = None):
         if spec not in resident:
             raise ModelNotFoundError(
                 f"model {spec!r} is not loaded in this server; available drafts: "
@@ -335,6 +335,9 @@ def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> 
             raise ModelNotFoundError(
                 f"model {spec!r} is loaded in this server as {engine.companion_dtype()}, "
                 f"not {dtype}")
+        if vocab is not None:
+            raise ModelNotFoundError(f"model {spec!r} is loaded in this server with its whole "
+                                     f"vocabulary, not draft_vocab={vocab}")
         return load(spec)
 
     def default() -> str:

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 AUTO = {"auto": "auto"}
 DRAFT_DTYPE_HELP = ("the draft model's weight format (default: the target's; q4-draft under "
                     "q4). Model-free drafters ignore it")
+DRAFT_VOCAB_HELP = ("the draft model's head scores only its N most frequent tokens "
+                    "(frequency-ranked drafting: a cheaper draft forward, still exact; "
+                    "default: the whole vocabulary)")
 DRAFT_HELP = ("draft model (name/path) or a model-free drafter (" + ", ".join(MODEL_FREE)
               + "); default: the target's catalogue draft")
 
@@ -54,6 +57,7 @@ class SpeculativeOptions(MethodOptions):
 
     draft: str | None = option(None, DRAFT_HELP)
     draft_dtype: str | None = option(None, DRAFT_DTYPE_HELP, choices=tuple(DTYPE_CHOICES))
+    draft_vocab: int | None = option(None, DRAFT_VOCAB_HELP, kind=int, minimum=1)
     gamma: int | str = option(4, "tokens drafted per step, or 'auto' for an adaptive policy",
                               kind=int, minimum=1, words=AUTO)
     gamma_policy: str | None = option(None, "how gamma adapts (default: fixed; cost with "
@@ -72,6 +76,7 @@ class StagedOptions(MethodOptions):
     draft: str | None = option(None, "the middle draft model (default: the target's "
                                      "catalogue draft)")
     draft_dtype: str | None = option(None, DRAFT_DTYPE_HELP, choices=tuple(DTYPE_CHOICES))
+    draft_vocab: int | None = option(None, DRAFT_VOCAB_HELP, kind=int, minimum=1)
     subdraft: str = option("ngram", "the lowest drafter: a model, " + " or ".join(MODEL_FREE))
     gamma: int | str = option(4, "tokens the middle model drafts per step, or 'auto'",
                               kind=int, minimum=1, words=AUTO)
@@ -83,25 +88,27 @@ class StagedOptions(MethodOptions):
                             minimum=1)
 
 
-def make_proposer(spec: str, engine: Engine, dtype: str | None = None) -> Proposer:
+def make_proposer(spec: str, engine: Engine, dtype: str | None = None,
+                  vocab: int | None = None) -> Proposer:
     if spec == "ngram":
         return NGramProposer()
     if spec == "prompt-lookup":
         return PromptLookupProposer()
     if spec == "suffix":
         return SuffixProposer()
-    return DraftModelProposer(engine.model(spec, dtype).model)
+    return DraftModelProposer(engine.model(spec, dtype, vocab).model)
 
 
 def _calibrate(policy: GammaPolicy, engine: Engine, proposer: Proposer,
-               draft: str | None = None, dtype: str | None = None) -> None:
+               draft: str | None = None, dtype: str | None = None,
+               vocab: int | None = None) -> None:
     """The cost-model policy needs this machine's verify cost curve and, for a draft model
     (in `dtype`), its cost per guess; it must not re-probe a draft model once it has
     stopped paying (the draft would first read every skipped token)."""
     if isinstance(policy, CostModelGamma):
         policy.probe = not proposer.uses_model
         if proposer.uses_model:
-            draft_cost = draft_cost_ratio(engine, draft, dtype) if draft else None
+            draft_cost = draft_cost_ratio(engine, draft, dtype, vocab) if draft else None
         else:
             # n-gram, lookup and suffix guesses cost microseconds next to a forward: a prior
             # of 0.3 forwards a guess (a draft model's) made every fresh request under load
@@ -123,8 +130,8 @@ def build_autoregressive(engine: Engine, options: AutoregressiveOptions) -> Stra
 def build_speculative(engine: Engine, o: SpeculativeOptions) -> Strategy:
     spec = o.draft or engine.default_draft()
     policy = _policy(o.gamma, o.gamma_policy, o.max_gamma)
-    proposer = make_proposer(spec, engine, o.draft_dtype)
-    _calibrate(policy, engine, proposer, spec, o.draft_dtype)
+    proposer = make_proposer(spec, engine, o.draft_dtype, o.draft_vocab)
+    _calibrate(policy, engine, proposer, spec, o.draft_dtype, o.draft_vocab)
     if o.branches == 1:
         return Speculative(engine.target.model, proposer, policy)
     if proposer.uses_model:
@@ -159,9 +166,10 @@ def build_staged(engine: Engine, o: StagedOptions) -> Strategy:
     if is_model_free(draft):
         raise InvalidArgumentError("staged needs a draft model in the middle (--draft MODEL)")
     sub = make_proposer(o.subdraft, engine)
-    middle = StagedProposer(engine.model(draft, o.draft_dtype).model, sub, o.subgamma)
+    middle = StagedProposer(engine.model(draft, o.draft_dtype, o.draft_vocab).model, sub,
+                            o.subgamma)
     policy = _policy(o.gamma, o.gamma_policy, o.max_gamma)
-    _calibrate(policy, engine, middle, draft, o.draft_dtype)
+    _calibrate(policy, engine, middle, draft, o.draft_dtype, o.draft_vocab)
     return Speculative(engine.target.model, middle, policy)
 
 
