@@ -204,8 +204,10 @@ def test_lookup_and_ngram_offer_distinct_branches():
 
 
 def test_branches_option_is_checked(models):
-    engine = SimpleNamespace(target=SimpleNamespace(model=models["target"]),
-                             model=lambda name, dtype=None: SimpleNamespace(model=models["target"]),
+    def model(name, dtype=None, vocab=None):
+        return SimpleNamespace(model=models["target"])
+
+    engine = SimpleNamespace(target=SimpleNamespace(model=models["target"]), model=model,
                              default_draft=lambda: "target")
     assert isinstance(make_strategy("speculative", engine, {"draft": "ngram", "branches": "3"}),
                       TreeSpeculative)
