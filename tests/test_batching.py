@@ -22,9 +22,10 @@ from test_conformance import (
     VOCAB,
     WINDOW,
     sibling_not_cleared,
+    spread_pair,
 )
 from test_speculative import perturbed_copy
-from tiny import hf_model, ours_from_hf, tiny_pair
+from tiny import tiny_pair
 
 from draftsman.batching.controller import Offer, allocate, expected_gains
 from draftsman.batching.scheduler import BatchConfig, BatchScheduler
@@ -487,13 +488,7 @@ def test_seeded_sampling_draws_do_not_depend_on_the_batch(pair):
 
 @pytest.fixture(scope="module")
 def small():
-    target = ours_from_hf(hf_model("llama", seed=11, vocab_size=VOCAB, num_hidden_layers=1))
-    with torch.no_grad():
-        target.lm_head.weight.mul_(12)
-    draft = perturbed_copy(target, 0.6, 12)
-    with torch.no_grad():
-        draft.lm_head.weight.mul_(0.5)
-    return target, draft
+    return spread_pair()
 
 
 def batched_draft_case(target, draft):

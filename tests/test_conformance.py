@@ -56,8 +56,8 @@ CHAIN_NEEDS = ["accepted at 1", "accepted at 2", "accepted at 3", "rejected at 1
                "rejected at 2", "rejected at 3", "bonus"]
 
 
-@pytest.fixture(scope="module")
-def models():
+def spread_pair():
+    """(target, draft) over VOCAB tokens: a spread-out target and a flatter, perturbed draft."""
     target = ours_from_hf(hf_model("llama", seed=11, vocab_size=VOCAB, num_hidden_layers=1))
     with torch.no_grad():
         target.lm_head.weight.mul_(12)  # spread out, not one-hot
@@ -65,6 +65,11 @@ def models():
     with torch.no_grad():
         draft.lm_head.weight.mul_(0.5)  # flatter than the target: rejections everywhere
     return target, draft
+
+
+@pytest.fixture(scope="module")
+def models():
+    return spread_pair()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_conformance import CHAIN_NEEDS, CHAIN_PROMPT, DRAWS, T1, VOCAB, report
+from test_conformance import CHAIN_NEEDS, CHAIN_PROMPT, DRAWS, T1, report, spread_pair
 from test_quant import gguf_model
 from test_speculative import models, perturbed_copy, prompts, run  # noqa: F401 (fixture)
 from tiny import hf_model, ours_from_hf
@@ -95,12 +95,7 @@ def test_greedy_output_is_the_targets_with_a_narrowed_draft(models, gamma):  # n
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    target = ours_from_hf(hf_model("llama", seed=11, vocab_size=VOCAB, num_hidden_layers=1))
-    with torch.no_grad():
-        target.lm_head.weight.mul_(12)
-    draft = perturbed_copy(target, 0.6, 12)
-    with torch.no_grad():
-        draft.lm_head.weight.mul_(0.5)
+    target, draft = spread_pair()
     return target, narrowed(draft, [0, 1, 3])  # token 2 only ever comes from the residual
 
 
