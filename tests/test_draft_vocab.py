@@ -39,7 +39,7 @@ def narrowed(model, keep: list[int]):
 
     out = copy.deepcopy(model)
     ids = torch.tensor(keep)
-    out.lm_head = VocabSubsetHead(narrowed_linear(model.lm_head.weight, ids), ids,
+    out.lm_head = VocabSubsetHead(narrowed_linear(model.lm_head, ids), ids,
                                   model.config.vocab_size)
     return out
 
@@ -197,3 +197,12 @@ def test_sampled_draft_tokens_stay_inside_the_kept_ids(tiny_pair):
         drawn.update(proposal.tokens)
         assert proposal.q is not None and float(proposal.q[:, 2].max()) == 0.0
     assert 2 not in drawn and drawn
+
+
+def test_a_head_with_a_bias_keeps_its_rows_of_the_bias():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 20)
+    keep = torch.tensor([2, 5, 19])
+    x = torch.randn(3, 8)
+    got = VocabSubsetHead(narrowed_linear(head, keep), keep, 20)(x)
+    torch.testing.assert_close(got[:, keep], head(x)[:, keep], rtol=1e-6, atol=1e-6)

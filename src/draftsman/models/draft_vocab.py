@@ -105,11 +105,14 @@ class VocabSubsetHead(nn.Module):
         return out.index_copy_(-1, self.keep, part)
 
 
-def narrowed_linear(weight: torch.Tensor, keep: torch.Tensor) -> nn.Linear:
-    """A bias-free Linear holding rows `keep` of a [V, H] weight (copied: no tie to the
-    embedding it may come from)."""
-    rows = weight.detach()[keep].clone()
-    linear = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device,
-                       dtype=rows.dtype)
+def narrowed_linear(head: nn.Linear, keep: torch.Tensor) -> nn.Linear:
+    """A Linear holding rows `keep` of `head`'s [V, H] weight and of its bias, if any
+    (copied: no tie to the embedding the weight may come from)."""
+    keep = keep.to(head.weight.device)
+    rows = head.weight.detach()[keep].clone()
+    linear = nn.Linear(rows.shape[1], rows.shape[0], bias=head.bias is not None,
+                       device=rows.device, dtype=rows.dtype)
     linear.weight = nn.Parameter(rows, requires_grad=False)
+    if head.bias is not None:
+        linear.bias = nn.Parameter(head.bias.detach()[keep].clone(), requires_grad=False)
     return linear

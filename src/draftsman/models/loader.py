@@ -123,7 +123,7 @@ def load_model(
                                       head_rows)
     model = build_model(config, read_safetensors(folder), dtype, max_positions, device)
     if head_rows is not None:
-        head = narrowed_linear(model.lm_head.weight, head_rows.to(model.lm_head.weight.device))
+        head = narrowed_linear(model.lm_head, head_rows)
         model.lm_head = VocabSubsetHead(head, head_rows.to(head.weight.device),
                                         config.vocab_size)
     return model

@@ -474,7 +474,7 @@ def quantize_model(model: DecoderLM, kind: str,
                 raise IntegrityError(
                     f"{name}: GGUF shape ({rows}, {sources[0][1].shape[1]}) does not match "
                     f"the model's ({want}, {linear.in_features})")
-        bias = linear.bias
+        bias = linear.bias if not narrow or linear.bias is None else linear.bias[head_rows]
         quant: nn.Module = QuantLinear(_runs(sources, kind, dtype, summary), linear.in_features,
                                        bias, dtype)
         if narrow:
