@@ -76,12 +76,15 @@ def head_tokens(folder: Path, n: int, vocab_size: int, eos_ids: tuple[int, ...] 
     return torch.tensor(ids if n < vocab_size else range(vocab_size), dtype=torch.long)
 
 
-def draft_head_rows(folder: Path, n: int) -> torch.Tensor:
-    """head_tokens for the model in `folder`, its vocabulary size and end ids from its config."""
+def draft_head_rows(folder: Path, n: int) -> torch.Tensor | None:
+    """head_tokens for the model in `folder`, its vocabulary size and end ids from its config;
+    None where they would be the whole vocabulary (the head stays as it is: no scatter of
+    every logit per draft token for nothing)."""
     from draftsman.models.config import ModelConfig
 
     config = ModelConfig.from_folder(folder)
-    return head_tokens(folder, n, config.vocab_size, tuple(config.eos_token_ids))
+    rows = head_tokens(folder, n, config.vocab_size, tuple(config.eos_token_ids))
+    return None if len(rows) >= config.vocab_size else rows
 
 
 class VocabSubsetHead(nn.Module):
