@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tiny import tiny_pair
 
-from draftsman.kernels.native import kquant_available
+from draftsman.kernels.native import attention_amx, kquant_available
 from draftsman.models.base import additive_mask, causal_mask, matmul_attention
 from draftsman.models.config import ModelConfig
 from draftsman.models.rope import RotaryTable, apply_rotary
@@ -110,6 +110,32 @@ def test_short_attention_mask_hides_exactly_the_masked_slots(d):
     seen = values.clone()
     seen[:, :, 11] += 1.0  # the negative control: a visible slot changes the answer
     assert not torch.allclose(ops.short_attention(q, keys, seen, bias, 0.2), base)
+
+
+@pytest.mark.skipif(not attention_amx(), reason="bf16 attention on AMX tiles needs an AMX CPU")
+@pytest.mark.parametrize(("hq", "rows", "cached"), [(12, 16, 300), (14, 16, 64), (12, 3, 1000)])
+def test_amx_attention_matches_the_reference_and_each_row_alone(hq, rows, cached):
+    # bf16 on an AMX CPU takes the tiles (kernels/attention_amx.cpp): 16 rows of 6 or 7 query
+    # heads a KV head (the 1.5B, the 0.5B) fill 6 or 7 query tiles; keys pad to passes of 64
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, hq, rows, 128, generator=g).bfloat16()
+    keys = torch.randn(1, 2, cached + rows, 128, generator=g).bfloat16()
+    values = torch.randn(1, 2, cached + rows, 128, generator=g).bfloat16()
+    mask = causal_mask(cached, rows, q.device).clone()
+    mask[..., rows - 1, cached // 2] = False  # a tree mask: one slot hidden from the last row
+    bias = additive_mask(mask)
+    got = ops.short_attention(q, keys, values, bias, 128 ** -0.5)
+    want = matmul_attention(q.float(), keys.float(), values.float(), bias)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=1e-2)
+    for t in range(rows):
+        alone = ops.short_attention(q[:, :, t:t + 1], keys, values, bias[:, :, t:t + 1],
+                                    128 ** -0.5)
+        assert torch.equal(alone[:, 0], got[:, t]), t
+    hidden = values.clone()
+    hidden[:, :, cached // 2] = 1e4  # the hidden slot does not matter to the last row ...
+    assert torch.equal(ops.short_attention(q, keys, hidden, bias, 128 ** -0.5)[:, -1], got[:, -1])
+    # ... and does to the others (the negative control)
+    assert not torch.equal(ops.short_attention(q, keys, hidden, bias, 128 ** -0.5)[:, 0], got[:, 0])
 
 
 def test_short_attention_groups_query_heads_onto_their_kv_head():

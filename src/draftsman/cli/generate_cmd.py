@@ -13,7 +13,13 @@ from draftsman.cli.common import add_device_arg
 from draftsman.core import GenerationConfig
 from draftsman.engine import DEFAULT_TARGET
 from draftsman.errors import InvalidArgumentError
-from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, unavailable_reason
+from draftsman.kernels.native import (
+    attention_amx,
+    kquant_amx,
+    kquant_available,
+    kquant_isa,
+    unavailable_reason,
+)
 from draftsman.models.static_step import StaticConfig
 from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.sampling import SamplingConfig
@@ -177,8 +183,9 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
             path = "AMX-INT8 tiles" if kquant_amx() else kquant_isa()
             print(f"kernel: K-quant blocks on {path}", file=sys.stderr)
         if getattr(engine.target.model, "fused_cpu_ops", False):
-            print("ops: norms, SwiGLU and short attention on draftsman's fused CPU kernels",
-                  file=sys.stderr)
+            tiles = " (bf16 attention on AMX-BF16 tiles)" if attention_amx() else ""
+            print("ops: norms, SwiGLU and short attention on draftsman's fused CPU kernels"
+                  + tiles, file=sys.stderr)
         if not kquant_available() and any(k.startswith(("Q4_K", "Q6_K")) for k in summary):
             print(f"note: K-quant kernel unavailable ({unavailable_reason()}); "
                   "PyTorch's packed kernels instead", file=sys.stderr)

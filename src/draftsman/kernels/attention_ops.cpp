@@ -19,8 +19,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "attention_amx.h"
 #include "simd_math.h"
 
 namespace {
@@ -327,6 +329,11 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
 template <typename T>
 void attend_best(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                  const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (q.size(3) % 64 == 0 && draftsman_attention::amx_attention_available()) {
+      return draftsman_attention::attend_amx(q, keys, values, bias, scale, out);
+    }
+  }
 #if DRAFTSMAN_AVX512
   if (q.size(3) % 64 == 0) return attend_wide<T>(q, keys, values, bias, scale, out);
 #endif

@@ -32,13 +32,12 @@
 #include <type_traits>
 
 #include "amx_records.h"
+#include "amx_tiles.h"
 #include "kquant_blocks.h"
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__) && \
     defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #define DRAFTSMAN_AMX 1
 #else
 #define DRAFTSMAN_AMX 0
@@ -71,23 +70,6 @@ inline void with_vector_rows(int rows, F&& f) {
 }
 
 #if DRAFTSMAN_AMX
-// Linux hands out AMX state on request, once per process (arch_prctl ARCH_REQ_XCOMP_PERM).
-bool amx_permitted() {
-  static const bool ok = [] {
-    constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return ok;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // The record 8 ahead, into L2: at 16 rows a record's vector work is long enough that 2
 // ahead into L1 left the memory idle between records (measured on an AMX Xeon, 110 x 8 MB
 // Q4_K matrices: one row 51 -> 47 ms, 16 rows 74 -> 69 ms; Q6_K 16 rows 90 -> 86 ms).

@@ -28,9 +28,11 @@ from draftsman.store.home import draftsman_home
 # them in a decode step; HEADERS are part of the build's key
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("gguf_matmul.cpp", "gguf_matmul_amx.cpp", "gguf_pack_amx.cpp",
-                 "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp"))
+                 "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp",
+                 "attention_amx.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
-                ("kquant_blocks.h", "amx_records.h", "simd_math.h"))
+                ("kquant_blocks.h", "amx_records.h", "amx_tiles.h", "simd_math.h",
+                 "attention_amx.h"))
 _reason: list[str] = []
 
 
@@ -172,6 +174,18 @@ def kquant_amx() -> bool:
     import ctypes
 
     return bool(ctypes.CDLL(str(library_path())).draftsman_kquant_amx())
+
+
+@cache
+def attention_amx() -> bool:
+    """Whether short attention of bf16 rows (`draftsman::short_attention`, `rope_attention`)
+    runs on AMX-BF16 tiles here: an AMX CPU whose Linux granted the tile state.
+    DRAFTSMAN_ATTENTION_AMX=0 turns it off (the AVX-512 path on the same CPU)."""
+    if not kquant_available():
+        return False
+    import ctypes
+
+    return bool(ctypes.CDLL(str(library_path())).draftsman_attention_amx())
 
 
 @cache
