@@ -57,7 +57,23 @@ bool amx_attention_available() {
 #if DRAFTSMAN_AMX_BF16
 namespace {
 
-using draftsman_simd::exp_avx2;
+namespace simd = draftsman_simd;
+
+// e^x for x <= 0, 16 lanes, to the precision of the bf16 it is rounded to: 2^n e^r with
+// n = round(x log2 e), r = x - n ln 2 (two-part ln 2, simd_math.h), e^r by its degree-4
+// Taylor polynomial on |r| <= ln2 / 2 (relative error < 5e-5, bf16's step is 4e-3), scaled
+// by vscalefps. Below -87.3 (a -inf bias included) the result is 0.
+inline __m512 exp16(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(simd::EXP_LO), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(simd::EXP_LO));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(simd::LOG2E)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-simd::LN2_HI), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-simd::LN2_LO), r);
+  __m512 p = _mm512_set1_ps(simd::P[4]);
+  for (int i = 3; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(simd::P[i]));
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
 
 constexpr int64_t TILE = 16;        // query rows, keys or value dims per tile
 constexpr int64_t KEY_STEP = 64;    // keys scored per pass: four score tiles
@@ -81,25 +97,47 @@ T* scratch(std::vector<T>& buf, int64_t n) {
   return buf.data();
 }
 
+// out[r] = lane r of each of a[0..16): a 16 x 16 transpose of 4-byte elements in registers
+// (pairs of 32-bit, then 64-bit lanes interleaved, then 128-bit lanes gathered twice)
+inline void transpose16(const __m512i* a, __m512i* out) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(a[i], a[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(a[i], a[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + k]: elements k, 4 + k, 8 + k, 12 + k of rows i..i+3
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // row 4 L + k: 128-bit lane L of u[k], u[4 + k], u[8 + k], u[12 + k]
+    const __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88), w0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
+    out[k] = _mm512_shuffle_i32x4(v0, v1, 0x88);
+    out[8 + k] = _mm512_shuffle_i32x4(v0, v1, 0xDD);
+    out[4 + k] = _mm512_shuffle_i32x4(w0, w1, 0x88);
+    out[12 + k] = _mm512_shuffle_i32x4(w0, w1, 0xDD);
+  }
+}
+
 // Keys in VNNI pairs for B of Q K^T: for key block kb (16 keys) and dim chunk c (32 dims),
 // a 1 KB tile whose row r holds dims 32c + 2r, 32c + 2r + 1 of each of the 16 keys: a 16 x 16
-// transpose of the keys' 4-byte pairs. Keys at and past s are zero.
+// transpose of the keys' 4-byte pairs (keys read in order, as they lie). Keys at and past s
+// are zero.
 void transpose_keys(const uint32_t* k32, int64_t stride32, int64_t s, int64_t s_pad, int64_t chunks,
                     uint32_t* kt) {
-  const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32(static_cast<int32_t>(stride32)));
   for (int64_t kb = 0; kb < s_pad / TILE; ++kb) {
-    const int64_t left = s - kb * TILE;
-    const __mmask16 live = left >= TILE ? 0xFFFF : left <= 0 ? 0 : static_cast<__mmask16>((1u << left) - 1);
-    const uint32_t* base = k32 + kb * TILE * stride32;
+    const int64_t live = std::clamp<int64_t>(s - kb * TILE, 0, TILE);
     for (int64_t c = 0; c < chunks; ++c) {
-      uint32_t* tile = kt + (kb * chunks + c) * 256;
-      for (int r = 0; r < 16; ++r) {
-        const __m512i v = live ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, lanes,
-                                                             base + 16 * c + r, 4)
-                               : _mm512_setzero_si512();
-        _mm512_store_si512(tile + 16 * r, v);
+      __m512i rows[16], cols[16];
+      for (int64_t i = 0; i < TILE; ++i) {
+        rows[i] = i < live ? _mm512_loadu_si512(k32 + (kb * TILE + i) * stride32 + 16 * c) : _mm512_setzero_si512();
       }
+      transpose16(rows, cols);
+      uint32_t* tile = kt + (kb * chunks + c) * 256;
+      for (int r = 0; r < 16; ++r) _mm512_store_si512(tile + 16 * r, cols[r]);
     }
   }
 }
@@ -200,15 +238,11 @@ float softmax_row(float* row, int64_t s, int64_t s_pad, float scale, const float
     _mm512_storeu_ps(row + j, v);
     top = _mm512_max_ps(top, v);
   }
-  const __m256 shift = _mm256_set1_ps(_mm512_reduce_max_ps(top));
+  const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(top));
   __m512 total = _mm512_setzero_ps();
   for (j = 0; j < s_pad; j += 16) {
-    __m512 p = _mm512_setzero_ps();
-    if (j < s) {  // past s: -inf scores, exp 0
-      const __m256 lo = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + j), shift));
-      const __m256 hi = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + j + 8), shift));
-      p = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-    }
+    // past s: -inf scores, exp 0
+    const __m512 p = j < s ? exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), shift)) : _mm512_setzero_ps();
     const __m256bh pb = _mm512_cvtneps_pbh(p);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + j), (__m256i)pb);
     total = _mm512_add_ps(total, _mm512_cvtpbh_ps(pb));
