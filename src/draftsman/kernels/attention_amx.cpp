@@ -63,7 +63,7 @@ namespace simd = draftsman_simd;
 // n = round(x log2 e), r = x - n ln 2 (two-part ln 2, simd_math.h), e^r by its degree-4
 // Taylor polynomial on |r| <= ln2 / 2 (relative error < 5e-5, bf16's step is 4e-3), scaled
 // by vscalefps. Below -87.3 (a -inf bias included) the result is 0.
-inline __m512 exp16(__m512 x) {
+inline __m512 exp_for_bf16(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(simd::EXP_LO), _CMP_GE_OQ);
   x = _mm512_max_ps(x, _mm512_set1_ps(simd::EXP_LO));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(simd::LOG2E)),
@@ -242,7 +242,7 @@ float softmax_row(float* row, int64_t s, int64_t s_pad, float scale, const float
   __m512 total = _mm512_setzero_ps();
   for (j = 0; j < s_pad; j += 16) {
     // past s: -inf scores, exp 0
-    const __m512 p = j < s ? exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), shift)) : _mm512_setzero_ps();
+    const __m512 p = j < s ? exp_for_bf16(_mm512_sub_ps(_mm512_loadu_ps(row + j), shift)) : _mm512_setzero_ps();
     const __m256bh pb = _mm512_cvtneps_pbh(p);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + j), (__m256i)pb);
     total = _mm512_add_ps(total, _mm512_cvtpbh_ps(pb));

@@ -40,6 +40,16 @@ void rms_norm_row(const T* x, const T* w, int64_t h, float eps, T* y) {
   // 8 partial sums in a fixed order: the same for every row count and CPU
   float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   int64_t i = 0;
+#if DRAFTSMAN_AVX2
+  {  // the scalar loop's 8 partial sums, one per lane
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= h; i += 8) {
+      const __m256 v = load8(x + i);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    _mm256_storeu_ps(part, acc);
+  }
+#endif
   for (; i + 8 <= h; i += 8) {
     for (int l = 0; l < 8; ++l) {
       const float v = to_float(x[i + l]);
@@ -50,7 +60,14 @@ void rms_norm_row(const T* x, const T* w, int64_t h, float eps, T* y) {
   const float sum = ((part[0] + part[4]) + (part[1] + part[5])) +
                     ((part[2] + part[6]) + (part[3] + part[7]));
   const float rstd = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
-  for (int64_t j = 0; j < h; ++j) {
+  int64_t j = 0;
+#if DRAFTSMAN_AVX2
+  for (; j + 8 <= h; j += 8) {  // the scalar loop's roundings, 8 at a time
+    const __m256 normed = round_avx2(_mm256_mul_ps(load8(x + j), _mm256_set1_ps(rstd)), y);
+    store8(y + j, round_avx2(_mm256_mul_ps(load8(w + j), normed), y));
+  }
+#endif
+  for (; j < h; ++j) {
     // normalised in float32 and stored in the activation dtype, then scaled in it
     y[j] = T(to_float(w[j]) * round_to<T>(to_float(x[j]) * rstd));
   }
@@ -86,6 +103,14 @@ void silu_mul_span(const T* gate, const T* up, int64_t n, T* y) {
   // silu(g) = g / (1 + e^-g), stored in the activation dtype, then times up (as PyTorch's
   // F.silu(gate).mul_(up) rounds); the same exp in both paths below
   int64_t i = 0;
+#if DRAFTSMAN_AVX512_OPS
+  for (; i + 16 <= n; i += 16) {  // the 8-wide path's operations, 16 lanes at a time
+    const __m512 g = load16(gate + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 silu = round16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), y);
+    store16(y + i, round16(_mm512_mul_ps(silu, load16(up + i)), y));
+  }
+#endif
 #if DRAFTSMAN_AVX2
   for (; i + 8 <= n; i += 8) {
     const __m256 g = load8(gate + i);

@@ -93,6 +93,46 @@ inline float hsum8(__m256 v) {
 }
 #endif
 
+// ---- the same operations 16 lanes wide (AVX-512): bit for bit the 8-wide results ----
+#if DRAFTSMAN_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__)
+#define DRAFTSMAN_AVX512_OPS 1
+inline __m512 exp16(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+  __m512 p = _mm512_set1_ps(P[6]);
+  for (int i = 5; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P[i]));
+  const __m512i bits = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(bits));
+}
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline __m512 round16(__m512 v, const float*) { return v; }
+inline __m512 round16(__m512 v, const c10::BFloat16*) {  // round_bf16_avx2, 16 lanes
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32(~0xffff)));
+}
+
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(c10::BFloat16* p, __m512 v) {  // v holds bf16 values already
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+}
+#else
+#define DRAFTSMAN_AVX512_OPS 0
+#endif
+
 inline float to_float(float v) { return v; }
 inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 
