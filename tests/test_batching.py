@@ -612,6 +612,24 @@ def test_a_prompt_chunk_shrinks_while_others_decode(pair):
     assert scheduler.last.rows == 2  # one decode row + one prompt token: v(2) <= 2 v(1)
 
 
+def test_joining_prompts_are_read_together_while_nobody_decodes(pair):
+    """Prompts that join while nobody decodes each read a whole chunk in the same step (no
+    one waits on them); once one decodes, a single prompt's chunk shares each step."""
+    target, _ = pair
+    scheduler = BatchScheduler(target, BatchConfig(max_batch=3, prefill_chunk=8),
+                               lambda n: float(n))
+    prompts = [list(range(1, 12)), list(range(20, 26)), list(range(30, 45))]
+    machines = [Autoregressive(target).steps(p, GenerationConfig(4), 8) for p in prompts]
+    for m in machines:
+        scheduler.submit(m)
+    scheduler.step()
+    assert scheduler.last.requests == 3 and scheduler.last.rows == 8 + 6 + 8
+    assert [m.prefilled for m in machines] == [8, 6, 8]
+    scheduler.step()  # the second request decodes now: one prompt's chunk beside it, cut
+    assert scheduler.last.requests == 2  # to one row by prefill_stall on this linear curve
+    assert [m.prefilled for m in machines] == [9, 6, 8]
+
+
 def test_fail_all_ends_every_request_and_the_scheduler_goes_on(pair):
     target, draft = pair
     scheduler = BatchScheduler(target, BatchConfig(max_batch=1))

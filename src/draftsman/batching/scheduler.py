@@ -7,7 +7,8 @@ Each `step()`:
    (`gamma=auto`) to what pays for the whole step on this machine's cost curve (within
    `max_step_cost`, when set: one request's guesses are the others' latency);
 3. one prompting request reads a chunk of its prompt (`prefill_chunk` tokens), so a long
-   prompt never stalls the others for more than one chunk's forward per step; with a row
+   prompt never stalls the others for more than one chunk's forward per step (while nobody
+   decodes, every prompting request reads a whole chunk: no one waits on them); with a row
    budget (`max_step_rows`) the pending rows come first, the chunk takes what they leave and
    the guesses what is left, so that every shared step runs at most that many rows;
 4. one ragged forward (models/ragged.py) runs every row: pending tokens, guesses, the chunk;
@@ -195,7 +196,8 @@ class BatchScheduler:
         if not self.active:
             return []
         decoding = [t for t in self.active if not t.machine.prefilling]
-        prompting = [t for t in self.active if t.machine.prefilling][:1]
+        prompting = [t for t in self.active if t.machine.prefilling]
+        prompting = prompting if not decoding else prompting[:1]
         for t in decoding:
             t.machine.gamma_cap = None
         chunk = self._chunk(len(decoding), prompting)
@@ -206,7 +208,8 @@ class BatchScheduler:
             self._retire()
             return []
         rows = [t.machine.rows() for t in decoding if not t.done] + [
-            t.machine.rows(chunk) for t in prompting if not t.done]
+            t.machine.rows(chunk if decoding else self._whole_chunk(t)) for t in prompting
+            if not t.done]
         ids = torch.tensor([[tok for r in rows for tok in r.tokens]], dtype=torch.long)
         positions = torch.tensor([[r.start + (j if r.offsets is None else r.offsets[j])
                                    for r in rows for j in range(len(r.tokens))]],
@@ -253,14 +256,17 @@ class BatchScheduler:
         self._retire()
         return results
 
+    @staticmethod
+    def _whole_chunk(t: Ticket) -> int:
+        return min(t.machine.chunk, len(t.machine.prompt) - t.machine.prefilled)
+
     def _chunk(self, decoding: int, prompting: list[Ticket]) -> int:
         """Prompt tokens read this step: a whole chunk when nobody decodes, else the most
         that keeps the step within `prefill_stall` times the cost of the decode rows alone
         (on this machine's cost curve), and at least one."""
         if not prompting:
             return 0
-        m = prompting[0].machine
-        most = min(m.chunk, len(m.prompt) - m.prefilled)
+        most = self._whole_chunk(prompting[0])
         if not decoding:
             return most
         if self.config.max_step_rows is not None:
