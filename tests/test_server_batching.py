@@ -155,3 +155,29 @@ def test_unbatched_worker_zero_runs_on_the_engine_thread(engine):  # noqa: F811
     assert ran == [engine_thread.ident]
     assert text == reference(engine, PROMPTS[1], max_new_tokens=8,
                              method="autoregressive").text
+
+
+@pytest.mark.parametrize(("gather_ms", "first_step_requests"), [(400.0, 2), (0.0, 1)])
+def test_requests_arriving_together_start_in_one_step(engine, gather_ms,  # noqa: F811
+                                                      first_step_requests):
+    """An idle server waits --gather-ms after a request for others sent with it, so their
+    prompts are read in one forward; with 0 the first starts at once (the control)."""
+    with serving(engine, parallel=2, gather_ms=gather_ms) as live:
+        scheduler = live.app.state.server.scheduler
+        reports, report = [], scheduler.on_step
+        scheduler.on_step = lambda r: (reports.append(r), report(r))
+        client = live.client(timeout=120)
+
+        def ask(prompt):
+            return client.completions.create(model=NAME, prompt=prompt, max_tokens=8,
+                                             temperature=0, extra_body=AR).choices[0].text
+
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(ask, PROMPTS[0])
+            threading.Event().wait(0.1)  # the second is sent 100 ms after the first
+            second = pool.submit(ask, PROMPTS[1])
+            texts = [first.result(), second.result()]
+    assert reports[0].requests == first_step_requests
+    for prompt, text in zip(PROMPTS[:2], texts, strict=True):
+        assert text == reference(engine, prompt, max_new_tokens=8,
+                                 method="autoregressive").text

@@ -92,6 +92,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "then one such forward; `draftsman profile` shows its cost here). "
                         "Replaces --prefill-stall and --max-step-cost while a step is "
                         "shared (default: none)")
+    p.add_argument("--gather-ms", type=float, default=10.0,
+                   help="when a request reaches an idle server, wait this long for others "
+                        "sent with it, so that a burst's prompts are read in one forward "
+                        "instead of one after another (default: 10; 0: start at once)")
     p.add_argument("--max-kv-tokens", type=int, default=None,
                    help="KV cache slots all admitted requests may reserve together (prompt "
                         "+ max_tokens + 18 each); beyond it, 429 (default: --parallel x the "
@@ -137,6 +141,8 @@ def _check_limits(args: argparse.Namespace) -> None:
         raise InvalidArgumentError(f"--max-step-rows must be at least --parallel + 1 "
                                    f"({args.parallel + 1}): every decoding request's token "
                                    "and one prompt token")
+    if not 0 <= args.gather_ms <= 1000:
+        raise InvalidArgumentError("--gather-ms must be between 0 and 1000")
     if args.max_kv_tokens is not None and args.max_kv_tokens < 1:
         raise InvalidArgumentError("--max-kv-tokens must be >= 1")
     if args.history_tokens < 0:
@@ -204,7 +210,7 @@ def build_app(args: argparse.Namespace, engine_thread: EngineThread | None = Non
         history_tokens=args.history_tokens, batch=not args.no_batch,
         prefill_chunk=args.prefill_chunk, prefill_stall=args.prefill_stall,
         max_step_cost=args.max_step_cost, max_step_rows=args.max_step_rows,
-        max_kv_tokens=args.max_kv_tokens,
+        max_kv_tokens=args.max_kv_tokens, gather_ms=args.gather_ms,
         adaptive=not args.fixed_gamma_under_load)
     logging.getLogger("draftsman.server").info(
         "%d API key(s); history of up to %d tokens", len(settings.api_keys),

@@ -46,7 +46,7 @@ class BatchingScheduler(Scheduler):
                  history: HistoryStore | None = None, prefill_chunk: int = 128,
                  adaptive: bool = True, prefill_stall: float = 2.0,
                  max_step_cost: float | None = None, max_step_rows: int | None = None,
-                 max_kv_tokens: int | None = None,
+                 max_kv_tokens: int | None = None, gather: float = 0.0,
                  row_cost: Callable[[int], float] | None = None,
                  on_step: Callable[[StepReport], None] | None = None,
                  engine_thread: EngineThread | None = None) -> None:
@@ -55,6 +55,10 @@ class BatchingScheduler(Scheduler):
             prefill_stall=prefill_stall, max_step_cost=max_step_cost,
             max_step_rows=max_step_rows), row_cost)
         self.max_kv_tokens = max_kv_tokens
+        # seconds an idle batch waits after its first job for others arriving with it, so
+        # that a burst's prompts are read in one step (scheduler.py) rather than one after
+        # another beside the first one's decoding
+        self.gather = gather
         self.kv_reserved = 0
         self.on_step = on_step
         self._alone: queue.Queue[Job | None] = queue.Queue()
@@ -115,13 +119,20 @@ class BatchingScheduler(Scheduler):
 
     def _take_jobs(self, block: bool) -> bool:
         """Move admitted jobs into the batch while it has room (waiting for one when idle);
-        jobs beyond stay queued, and waiting, where a cancel frees them at once. False on
+        jobs beyond stay queued, and waiting, where a cancel frees them at once. After an
+        idle wait, jobs arriving within `gather` seconds of the first join it. False on
         shutdown."""
+        deadline = None
         while block or self._room():
             try:
-                job = self._jobs.get(block=block)
+                if deadline is None or block:
+                    job = self._jobs.get(block=block)
+                else:
+                    job = self._jobs.get(timeout=max(0.0, deadline - time.perf_counter()))
             except queue.Empty:
                 return True
+            if block and self.gather > 0:
+                deadline = time.perf_counter() + self.gather
             if job is None:
                 for _, ticket in list(self._tickets.values()):
                     self.batch.cancel(ticket)

@@ -63,6 +63,7 @@ class ServerSettings:
     max_step_cost: float | None = None  # guesses cut so a shared step costs at most this x
     max_step_rows: int | None = None  # a row budget for every shared step (chunk, guesses)
     max_kv_tokens: int | None = None  # KV slots all requests may reserve; None: parallel x ctx
+    gather_ms: float = 10.0  # an idle batch waits this long after a request for others with it
     adaptive: bool = True  # the load-adaptive controller chooses gamma=auto guesses
 
 
@@ -135,6 +136,7 @@ class Server:
             prefill_stall=settings.prefill_stall, max_step_cost=settings.max_step_cost,
             max_step_rows=settings.max_step_rows,
             adaptive=settings.adaptive, max_kv_tokens=settings.max_kv_tokens,
+            gather=settings.gather_ms / 1e3,
             row_cost=(lambda n: curve.get(n, float(n))) if curve else None,
             on_step=self.metrics.batch_step, engine_thread=self.engine_thread)
 
