@@ -5,6 +5,7 @@ budget refuses with 429."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -160,12 +161,21 @@ def test_unbatched_worker_zero_runs_on_the_engine_thread(engine):  # noqa: F811
 @pytest.mark.parametrize(("gather_ms", "first_step_requests"), [(400.0, 2), (0.0, 1)])
 def test_requests_arriving_together_start_in_one_step(engine, gather_ms,  # noqa: F811
                                                       first_step_requests):
-    """An idle server waits --gather-ms after a request for others sent with it, so their
-    prompts are read in one forward; with 0 the first starts at once (the control)."""
+    """A request ready at an idle server while another is still being received (here: its
+    preparation slowed by 100 ms) waits for it up to --gather-ms, so both prompts are read
+    in one forward; with 0 the first starts at once (the control)."""
     with serving(engine, parallel=2, gather_ms=gather_ms) as live:
-        scheduler = live.app.state.server.scheduler
-        reports, report = [], scheduler.on_step
-        scheduler.on_step = lambda r: (reports.append(r), report(r))
+        server = live.app.state.server
+        reports, report = [], server.scheduler.on_step
+        server.scheduler.on_step = lambda r: (reports.append(r), report(r))
+        prepare = server.prepare
+
+        def slow_second(body, *args):
+            if body.prompt == PROMPTS[1]:
+                threading.Event().wait(0.1)
+            return prepare(body, *args)
+
+        server.prepare = slow_second
         client = live.client(timeout=120)
 
         def ask(prompt):
@@ -173,11 +183,27 @@ def test_requests_arriving_together_start_in_one_step(engine, gather_ms,  # noqa
                                              temperature=0, extra_body=AR).choices[0].text
 
         with ThreadPoolExecutor(2) as pool:
-            first = pool.submit(ask, PROMPTS[0])
-            threading.Event().wait(0.1)  # the second is sent 100 ms after the first
-            second = pool.submit(ask, PROMPTS[1])
-            texts = [first.result(), second.result()]
+            texts = list(pool.map(ask, PROMPTS[:2]))
     assert reports[0].requests == first_step_requests
     for prompt, text in zip(PROMPTS[:2], texts, strict=True):
         assert text == reference(engine, prompt, max_new_tokens=8,
                                  method="autoregressive").text
+
+
+def test_a_lone_request_does_not_wait_to_gather(engine):  # noqa: F811
+    """Nobody else being received: no wait. The control: a phantom request "being received"
+    holds the first one back for the whole --gather-ms."""
+    with serving(engine, parallel=2, gather_ms=1000.0) as live:
+        client = live.client(timeout=120)
+
+        def seconds() -> float:
+            start = time.perf_counter()
+            client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=4,
+                                      temperature=0, extra_body=AR)
+            return time.perf_counter() - start
+
+        seconds()  # warm
+        alone = seconds()
+        with live.app.state.server.scheduler.arrival():  # someone else is on the way
+            held = seconds()
+    assert alone < 0.8 <= 1.0 <= held

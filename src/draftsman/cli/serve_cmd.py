@@ -92,10 +92,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "then one such forward; `draftsman profile` shows its cost here). "
                         "Replaces --prefill-stall and --max-step-cost while a step is "
                         "shared (default: none)")
-    p.add_argument("--gather-ms", type=float, default=10.0,
-                   help="when a request reaches an idle server, wait this long for others "
-                        "sent with it, so that a burst's prompts are read in one forward "
-                        "instead of one after another (default: 10; 0: start at once)")
+    p.add_argument("--gather-ms", type=float, default=50.0,
+                   help="when a request reaches an idle server while others are still being "
+                        "received, wait for them up to this long, so that a burst's prompts "
+                        "are read in one forward instead of one after another; a lone "
+                        "request never waits (default: 50; 0: never wait)")
     p.add_argument("--max-kv-tokens", type=int, default=None,
                    help="KV cache slots all admitted requests may reserve together (prompt "
                         "+ max_tokens + 18 each); beyond it, 429 (default: --parallel x the "

@@ -221,15 +221,16 @@ def create_app(engine: Engine, settings: ServerSettings, *,
                        kind: str) -> Response:
         call = call_of(request)
         assert call is not None
-        try:
-            prepared = await asyncio.to_thread(server.prepare, body, call,
-                                               request.state.scope)
-        except Exception as exc:
-            return fail(request, exc)
-        try:
-            job = server.scheduler.submit(prepared.request)
-        except ApiError as exc:
-            return fail(request, exc)
+        with server.scheduler.arrival():
+            try:
+                prepared = await asyncio.to_thread(server.prepare, body, call,
+                                                   request.state.scope)
+            except Exception as exc:
+                return fail(request, exc)
+            try:
+                job = server.scheduler.submit(prepared.request)
+            except ApiError as exc:
+                return fail(request, exc)
         meta = dict(kind=kind, rid=new_id(kind), created=now(), model=settings.model_name)
         tally = Tally(started=call.t0)
         if body.stream:

@@ -55,9 +55,10 @@ class BatchingScheduler(Scheduler):
             prefill_stall=prefill_stall, max_step_cost=max_step_cost,
             max_step_rows=max_step_rows), row_cost)
         self.max_kv_tokens = max_kv_tokens
-        # seconds an idle batch waits after its first job for others arriving with it, so
-        # that a burst's prompts are read in one step (scheduler.py) rather than one after
-        # another beside the first one's decoding
+        # the longest an idle batch waits, after its first job, for requests still being
+        # received (Scheduler.arrival), so that a burst's prompts are read in one step
+        # (scheduler.py) rather than one after another beside the first one's decoding;
+        # a lone request never waits
         self.gather = gather
         self.kv_reserved = 0
         self.on_step = on_step
@@ -114,22 +115,31 @@ class BatchingScheduler(Scheduler):
                 self.on_step(self.batch.last)
                 self.batch.last = None
 
+    def _gathering(self, deadline: float | None) -> bool:
+        """Whether to keep waiting for requests still being received."""
+        return (deadline is not None and self.arriving > 0
+                and time.perf_counter() < deadline)
+
     def _room(self) -> bool:
         return len(self.batch.active) + self.batch.waiting < self.parallel
 
     def _take_jobs(self, block: bool) -> bool:
         """Move admitted jobs into the batch while it has room (waiting for one when idle);
         jobs beyond stay queued, and waiting, where a cancel frees them at once. After an
-        idle wait, jobs arriving within `gather` seconds of the first join it. False on
-        shutdown."""
+        idle wait, requests still being received join it for up to `gather` seconds. False
+        on shutdown."""
         deadline = None
         while block or self._room():
             try:
-                if deadline is None or block:
-                    job = self._jobs.get(block=block)
+                if block:
+                    job = self._jobs.get()
+                elif self._gathering(deadline):  # a request is on its way: a short wait
+                    job = self._jobs.get(timeout=0.002)
                 else:
-                    job = self._jobs.get(timeout=max(0.0, deadline - time.perf_counter()))
+                    job = self._jobs.get(block=False)
             except queue.Empty:
+                if self._gathering(deadline):
+                    continue
                 return True
             if block and self.gather > 0:
                 deadline = time.perf_counter() + self.gather

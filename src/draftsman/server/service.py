@@ -63,7 +63,7 @@ class ServerSettings:
     max_step_cost: float | None = None  # guesses cut so a shared step costs at most this x
     max_step_rows: int | None = None  # a row budget for every shared step (chunk, guesses)
     max_kv_tokens: int | None = None  # KV slots all requests may reserve; None: parallel x ctx
-    gather_ms: float = 10.0  # an idle batch waits this long after a request for others with it
+    gather_ms: float = 50.0  # an idle batch waits up to this for requests being received
     adaptive: bool = True  # the load-adaptive controller chooses gamma=auto guesses
 
 

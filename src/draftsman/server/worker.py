@@ -18,12 +18,13 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,6 +168,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.waiting = 0
         self.running = 0
+        self.arriving = 0  # requests received and being prepared, not yet submitted
         self._lock = threading.Lock()
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._all: set[Job] = set()  # admitted and not finished
@@ -210,6 +212,18 @@ class Scheduler:
         return self.parallel + self.max_queue
 
     # ---- admission ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def arrival(self) -> Iterator[None]:
+        """Around a request's preparation and submission: while any is inside, the batch
+        knows more work is on its way (batch_worker.py's gather)."""
+        with self._lock:
+            self.arriving += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.arriving -= 1
+
     def submit(self, request: Request) -> Job:
         """Admit `request` or raise QueueFull (429) / ApiError 503 when shutting down."""
         job = Job(request, asyncio.get_running_loop(), self._cancelled)
