@@ -161,9 +161,10 @@ def test_unbatched_worker_zero_runs_on_the_engine_thread(engine):  # noqa: F811
 @pytest.mark.parametrize(("gather_ms", "first_step_requests"), [(400.0, 2), (0.0, 1)])
 def test_requests_arriving_together_start_in_one_step(engine, gather_ms,  # noqa: F811
                                                       first_step_requests):
-    """A request ready at an idle server while another is still being received (here: its
-    preparation slowed by 100 ms) waits for it up to --gather-ms, so both prompts are read
-    in one forward; with 0 the first starts at once (the control)."""
+    """A request ready at an idle server while another is still being received (here: the
+    first is held until the second is inside its preparation, slowed by 100 ms) waits for it
+    up to --gather-ms, so both prompts are read in one forward; with 0 the first starts at
+    once (the control)."""
     with serving(engine, parallel=2, gather_ms=gather_ms) as live:
         server = live.app.state.server
         reports, report = [], server.scheduler.on_step
@@ -173,6 +174,10 @@ def test_requests_arriving_together_start_in_one_step(engine, gather_ms,  # noqa
         def slow_second(body, *args):
             if body.prompt == PROMPTS[1]:
                 threading.Event().wait(0.1)
+            else:  # the first: until the second is being received too
+                deadline = time.perf_counter() + 5
+                while server.scheduler.arriving < 2 and time.perf_counter() < deadline:
+                    threading.Event().wait(0.005)
             return prepare(body, *args)
 
         server.prepare = slow_second
