@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,11 +68,8 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         if not self.chat_template:
             raise DraftsmanError("this model has no chat template; use --no-chat")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.globals["raise_exception"] = _raise
         try:
-            template = env.from_string(self.chat_template)
+            template = _compiled_template(self.chat_template)
             return template.render(messages=messages, add_generation_prompt=True,
                                    bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except jinja2.TemplateError as exc:
@@ -80,6 +78,16 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         # the template already carries BOS and role markers: no extra special tokens
         return self.encode(self.apply_chat_template(messages), special=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_template(source: str) -> jinja2.Template:
+    """A chat template compiled once per distinct source: compiling costs ~20 ms of Python a
+    call (a server's whole preparation of a request was that), rendering well under 1 ms."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = _raise
+    return env.from_string(source)
 
 
 def _read_json(path: Path) -> dict:
