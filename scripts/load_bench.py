@@ -3,12 +3,14 @@
     .venv/bin/python scripts/load_bench.py --out bench-results/load-amx
 
 Contestants, each on the same GGUF (the target's Q4_K file) and the same threads:
-- ours, batched: `draftsman serve --dtype q4 --parallel P`, timed with prompt lookup
-  (`gamma=auto`, the load-adaptive controller on), on the same server with speculation
-  off (autoregressive requests) and, with --trees, with prompt-lookup trees
-  (`branches=auto`);
+- ours, batched: `draftsman serve --dtype q4 --parallel P` with no --method, so requests
+  get what `serve` runs by default on this machine (the fastest exact method its last
+  `bench --preset cpu` recorded; the servers' /v1/models cards, saved in `servers.json`,
+  say which), timed as it is (`+default`), with prompt lookup asked per request
+  (`+lookup`, gamma=auto), with speculation off (`+plain`) and, with --trees, with
+  prompt-lookup trees (`branches=auto`); the load-adaptive controller is on throughout;
 - ours, batched under a row budget: with --max-step-rows N, one more server per N with
-  `serve --max-step-rows N` (every shared step at most N rows), prompt lookup;
+  `serve --max-step-rows N` (every shared step at most N rows), default and lookup;
 - ours as before batching: the same with `--no-batch` (one worker thread per request);
 - ours on the llama.cpp backend, batched (one llama_decode per step), prompt lookup;
 - llama.cpp's `llama-server -np P` from the same vendored source (built by
@@ -89,8 +91,7 @@ def main() -> int:
     parallel = max(int(c) for c in args.concurrency.split(","))
     serve = [str(VENV / "bin" / "draftsman"), "serve", "--target", args.target, "--backend",
              "torch", "--dtype", "q4", "--threads", str(args.threads), "--parallel",
-             str(parallel), "--max-queue", "64", "--method", "speculative", "--option",
-             "draft=prompt-lookup", "--option", "gamma=auto", "--log-level", "warning"]
+             str(parallel), "--max-queue", "64", "--log-level", "warning"]
     on_llama = list(serve)
     on_llama[on_llama.index("torch")] = "llama.cpp"
     del on_llama[on_llama.index("--dtype"):on_llama.index("--dtype") + 2]
@@ -143,17 +144,29 @@ def main() -> int:
         for name, (port, _) in commands.items():
             wait_healthy(f"http://127.0.0.1:{port}", procs[name])
         off = json.dumps({"draftsman": {"method": "autoregressive"}})
+        lookup = json.dumps({"draftsman": {"method": "speculative", "draft": "prompt-lookup",
+                                           "gamma": "auto"}})
         trees = json.dumps({"draftsman": {"method": "speculative", "draft": "prompt-lookup",
                                           "gamma": "auto", "branches": "auto"}})
-        urls = {"ours-batched": ["ours-batched+lookup=http://127.0.0.1:8101",
+        urls = {"ours-batched": ["ours-batched+default=http://127.0.0.1:8101",
+                                 f"ours-batched+lookup=http://127.0.0.1:8101#{lookup}",
                                  f"ours-batched+plain=http://127.0.0.1:8101#{off}",
                                  *([f"ours-batched+trees=http://127.0.0.1:8101#{trees}"]
                                    if args.trees else [])],
-                "ours-no-batch": ["ours-no-batch+lookup=http://127.0.0.1:8102"],
-                "ours-llama.cpp": ["ours-llama.cpp-batched+lookup=http://127.0.0.1:8104"]}
+                "ours-no-batch": [f"ours-no-batch+lookup=http://127.0.0.1:8102#{lookup}"],
+                "ours-llama.cpp": [
+                    f"ours-llama.cpp-batched+lookup=http://127.0.0.1:8104#{lookup}"]}
         for name, (port, _) in commands.items():
             if name.startswith("ours-batched@"):
-                urls[name] = [f"{name}+lookup=http://127.0.0.1:{port}"]
+                urls[name] = [f"{name}+default=http://127.0.0.1:{port}",
+                              f"{name}+lookup=http://127.0.0.1:{port}#{lookup}"]
+        args.out.mkdir(parents=True, exist_ok=True)
+        cards = {}
+        for name, (port, _) in commands.items():
+            if name != "llama-server":  # what each of ours runs when a request names nothing
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models") as r:
+                    cards[name] = json.load(r)["data"][0].get("draftsman")
+        (args.out / "servers.json").write_text(json.dumps(cards, indent=1) + "\n")
         servers = [url for name in commands for url in urls.get(name, [])]
         if "llama-server" in commands:
             # every round repeats the prompts: llama-server's prompt cache would skip their
@@ -166,7 +179,6 @@ def main() -> int:
             cmd += ["--rate", args.rate]
         for s in servers:
             cmd += ["--server", s]
-        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "command.txt").write_text(" ".join(sys.argv) + "\n" + " ".join(cmd) + "\n"
                                               + json.dumps({k: c for k, (_, c) in
                                                             commands.items()}, indent=1))
