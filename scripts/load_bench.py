@@ -91,7 +91,11 @@ def main() -> int:
     parallel = max(int(c) for c in args.concurrency.split(","))
     serve = [str(VENV / "bin" / "draftsman"), "serve", "--target", args.target, "--backend",
              "torch", "--dtype", "q4", "--threads", str(args.threads), "--parallel",
-             str(parallel), "--max-queue", "64", "--log-level", "warning"]
+             str(parallel), "--max-queue", "64", "--log-level", "warning",
+             # every round repeats the same prompts: the suffix drafter's memory of earlier
+             # replies would draft them whole from the second round on (distinct users'
+             # prompts are not all repeats); as llama-server's prompt cache is off below
+             "--history-tokens", "0"]
     on_llama = list(serve)
     on_llama[on_llama.index("torch")] = "llama.cpp"
     del on_llama[on_llama.index("--dtype"):on_llama.index("--dtype") + 2]
