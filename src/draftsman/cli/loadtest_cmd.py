@@ -37,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "loadtest", help="concurrent users against running servers (ours, llama-server)",
         description="Closed-loop clients streaming chat completions from each server in "
                     "turn, at each concurrency: aggregate tokens/s, TTFT, inter-chunk "
-                    "latency (p50/p99) and time per output token.")
+                    "latency (p50/p99) and time per output token. Every level and round "
+                    "sends the same prompts: start our server with --history-tokens 0 (its "
+                    "suffix drafter would otherwise copy earlier replies) and turn off other "
+                    "servers' prompt caches (llama-server: #{\"cache_prompt\": false}).")
     p.add_argument("--server", action="append", required=True, metavar="NAME=URL[#JSON]",
                    help="a contestant (repeat); #JSON is merged into every request body")
     p.add_argument("--concurrency", default="1,4", help="clients at once, comma separated "
