@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""ms per 8960 x 1536 Q4_K matrix on the AMX kernel (`kquant_amx_mm`), from memory and from
-cache: an A/B of two builds is this script run at each commit in turn, a few times.
+"""ms per 8960 x 1536 Q4_K (or Q6_K) matrix on the AMX kernel (`kquant_amx_mm`), from memory
+and from cache: an A/B of two builds is this script run at each commit in turn, a few times.
 
-    scripts/amx_kernel_time.py --rows 1,16
+    scripts/amx_kernel_time.py --rows 1,16 [--qtype q6_k]
 
 "from memory": 24 distinct matrices per sweep (more than the caches hold, as a decode step
 streams its weights); "from cache": one matrix 24 times (the kernel's compute alone).
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_curves import q4k_blocks  # noqa: E402
+from kernel_curves import q4k_blocks, q6k_blocks  # noqa: E402
 
 from draftsman.kernels.native import kquant_amx  # noqa: E402
 from draftsman.models.quant_linear import KQuantAmxMatrix  # noqa: E402
@@ -40,13 +40,16 @@ def main() -> int:
     p.add_argument("--rows", default="1,16", help="activation rows, comma separated")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--qtype", choices=("q4_k", "q6_k"), default="q4_k",
+                   help="the weights' block type")
     a = p.parse_args()
     if not kquant_amx():
         print("this CPU or build has no AMX-INT8 tiles", file=sys.stderr)
         return 2
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
-    mats = [KQuantAmxMatrix([q4k_blocks(8960, 1536, rng)]) for _ in range(24)]
+    blocks = q4k_blocks if a.qtype == "q4_k" else q6k_blocks
+    mats = [KQuantAmxMatrix([blocks(8960, 1536, rng)]) for _ in range(24)]
     print("| rows | from memory ms | from cache ms |\n|---|---|---|")
     for rows in (int(r) for r in a.rows.split(",")):
         x = torch.randn(rows, 1536, dtype=torch.bfloat16)

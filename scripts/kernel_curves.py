@@ -55,6 +55,13 @@ def q4k_blocks(n: int, k: int, rng: np.random.Generator) -> BlockTensor:
     return BlockTensor("w", 12, (n, k), b.reshape(n, -1))
 
 
+def q6k_blocks(n: int, k: int, rng: np.random.Generator) -> BlockTensor:
+    """Random valid Q6_K rows: random quants and int8 scales, a small fp16 super-block scale."""
+    b = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
+    b[..., 208:210] = np.full((n, k // 256, 1), 1e-4, np.float16).view(np.uint8)
+    return BlockTensor("w", 14, (n, k), b.reshape(n, -1))
+
+
 def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
     """Per kernel, `count` distinct matrices as callables x -> y."""
     rng = np.random.default_rng(0)

@@ -70,14 +70,30 @@ inline void with_vector_rows(int rows, F&& f) {
 }
 
 #if DRAFTSMAN_AMX
-// The record 8 ahead, into L2: at 16 rows a record's vector work is long enough that 2
-// ahead into L1 left the memory idle between records (measured on an AMX Xeon, 110 x 8 MB
-// Q4_K matrices: one row 51 -> 47 ms, 16 rows 74 -> 69 ms; Q6_K 16 rows 90 -> 86 ms).
-void prefetch_record(const uint8_t* w, int bytes) {
-  for (int o = 0; o < bytes; o += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(w) + 8 * bytes + o, _MM_HINT_T1);
+// The record 8 ahead is fetched into L2 a line at a time, spread over the current record's
+// work. A core keeps only ~16 misses in flight (its fill buffers): a burst of a whole
+// record's lines at its start stalled the core until the buffers drained, so the weight
+// stream and the tile work took turns instead of overlapping (an AMX Xeon, 8960 x 1536 Q4_K
+// from memory, 2 threads: 16 rows 0.62-0.78 -> 0.54-0.56 ms, the compute alone 0.41).
+class RecordPrefetch {
+ public:
+  RecordPrefetch(const uint8_t* record, int bytes)
+      : next_(reinterpret_cast<const char*>(record) + AHEAD * bytes), end_(next_ + bytes) {}
+  void line() {
+    if (next_ < end_) {
+      _mm_prefetch(next_, _MM_HINT_T1);
+      next_ += 64;
+    }
   }
-}
+  void rest() {
+    while (next_ < end_) line();
+  }
+
+ private:
+  static constexpr int AHEAD = 8;
+  const char* next_;
+  const char* end_;
+};
 
 // The tile configuration of both paths: tmm0/1 the two sums (`rows` x 16 int32), tmm2/3 A
 // (`rows` x 64 int8: 64 k), tmm4-7 B (16 x 64: 64 k x 16 columns in VNNI order), the two
@@ -158,7 +174,7 @@ inline void rows_dpbusd(const uint8_t* x, int64_t xstride, int half, __m512i q0,
 template <int R>
 inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512i* sc,
                               const __m512i* mins, __m512 d, __m512 dmin, const Q8Block* xb,
-                              int64_t row_step, float* acc) {
+                              int64_t row_step, float* acc, RecordPrefetch& ahead) {
   const __m512i low4 = _mm512_set1_epi8(15);
   __m512i isum[R];
   for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_si512();
@@ -166,6 +182,7 @@ inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
     __m512i c[R][2];
     for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
     for (int r = 0; r < 8; ++r) {
+      ahead.line();
       const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
       const __m512i q0 = _mm512_and_si512(v, low4);
       const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
@@ -232,7 +249,7 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
   const __m512i low4 = _mm512_set1_epi8(15), low3 = _mm512_set1_epi32(7);
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += RECORD) {
-    prefetch_record(w, RECORD);
+    RecordPrefetch ahead(w, RECORD);
     const Q4kScales s(w);
     const __m512i* sc = s.sc;
     // a column's 4 bytes share its scale: both 16-bit halves of its lane hold the factor,
@@ -245,6 +262,7 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
     }
     for (int p = 0; p < 4; ++p) {
       for (int r = 0; r < 8; ++r) {
+        if (r % 2 == 0) ahead.line();
         const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
         const __m512i q0 = _mm512_and_si512(v, low4);
         const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
@@ -260,12 +278,15 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
       block_two_sums<false>(xqt, xstride, bhi, blo, cbuf);
       const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
       for (int m = 0; m < tile_rows; ++m) {
+        ahead.line();
+        if (m % 2 == 0) ahead.line();
         // |C_hi|, |C_lo| <= 256 * 127 * 105: 8 C_hi + C_lo fits int32
         const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 3),
                                               _mm512_load_si512(cbuf[1] + COLS * m));
         q4k_finish_row(isum, s.mins, s.d, s.dmin, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
       }
     }
+    ahead.rest();
   }
 }
 
@@ -276,11 +297,12 @@ void q4k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
                        int64_t block_step, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += RECORD) {
-    prefetch_record(w, RECORD);
+    RecordPrefetch ahead(w, RECORD);
     const Q4kScales s(w);
     const Q8Block* xb = x + b * block_step;
     q4k_block_vectors<R>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc,
-                         s.mins, s.d, s.dmin, xb, row_step, acc);
+                         s.mins, s.d, s.dmin, xb, row_step, acc, ahead);
+    ahead.rest();
   }
 }
 
@@ -323,13 +345,16 @@ inline void q6k_unpack(const uint8_t* w, int p, int r, __m512i* qa, __m512i* qb)
 // isum += sc_j (C_j - 32 bsum_j) in exact int32 as they complete: the tiles' integer.
 template <int R>
 inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512i* sc,
-                              __m512 d, const Q8Block* xb, int64_t row_step, float* acc) {
+                              __m512 d, const Q8Block* xb, int64_t row_step, float* acc,
+                              RecordPrefetch& ahead) {
   __m512i isum[R];
   for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_si512();
   for (int p = 0; p < 8; ++p) {
     __m512i c[R][2];
     for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
     for (int r = 0; r < 4; ++r) {
+      ahead.line();  // 53 lines over 32 steps
+      if (r % 2 == 0) ahead.line();
       __m512i qa, qb;
       q6k_unpack(w, p, r, &qa, &qb);
       rows_dpbusd<R>(xq + 32 * p + 4 * r, xstride, 16, qa, qb, c);
@@ -367,11 +392,12 @@ void q6k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
                        int64_t block_step, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
-    prefetch_record(w, Q6_RECORD);
+    RecordPrefetch ahead(w, Q6_RECORD);
     const Q6kScales s(w);
     const Q8Block* xb = x + b * block_step;
     q6k_block_vectors<R>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc, s.d,
-                         xb, row_step, acc);
+                         xb, row_step, acc, ahead);
+    ahead.rest();
   }
 }
 
@@ -401,12 +427,13 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const __m512i low16 = _mm512_set1_epi32(0xFFFF);
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
-    prefetch_record(w, Q6_RECORD);
+    RecordPrefetch ahead(w, Q6_RECORD);
     const Q6kScales s(w);
     __m512i scw[16];
     for (int j = 0; j < 16; ++j) scw[j] = _mm512_or_si512(_mm512_and_si512(s.sc[j], low16), _mm512_slli_epi32(s.sc[j], 16));
     for (int p = 0; p < 8; ++p) {
       for (int r = 0; r < 4; ++r) {
+        ahead.line();
         __m512i qa, qb, h, l;
         q6k_unpack(w, p, r, &qa, &qb);
         // sub-block j's VNNI rows are rows 4 (j % 4) .. + 3 of the 64-k run j / 4
@@ -425,12 +452,15 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
       block_two_sums<true>(xqt, xstride, bh, bl, cbuf);
       const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
       for (int m = 0; m < tile_rows; ++m) {
+        ahead.line();
+        ahead.line();
         // |C_H| <= 256 * 127 * 32: 128 C_H + C_L fits int32 and is the vector path's isum
         const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 7),
                                               _mm512_load_si512(cbuf[1] + COLS * m));
         q6k_finish_row(isum, s.d, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
       }
     }
+    ahead.rest();
   }
 }
 
