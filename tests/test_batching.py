@@ -134,7 +134,7 @@ class Eager(NGramProposer):
 def eager_speculative(target, monkeypatch):
     """A maker of speculative strategies whose every guess (token 7) the controller values
     at 0.95 and whose cost policy plans every guess it gets, on v(n) = 1 + 0.1 (n - 1)."""
-    monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None: n)
+    monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None, free=False: n)
     monkeypatch.setattr(step_machine.SpeculativeSteps, "guess_acceptance", lambda self: 0.95)
 
     def make():
@@ -350,7 +350,7 @@ class ThreeBranches(NGramProposer):
 
 def test_a_trimmed_tree_is_its_first_branchs_chain(pair, monkeypatch):
     target, _ = pair
-    monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None: n)
+    monkeypatch.setattr(CostModelGamma, "plan", lambda self, n, key=None, free=False: n)
     tree = auto_tree(target, {n: 1.0 for n in range(1, 80)})
     tree.proposer = ThreeBranches(order=2)
     machine = tree.steps([5, 6, 7, 5, 6, 8], GenerationConfig(8))

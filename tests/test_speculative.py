@@ -19,6 +19,7 @@ from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
 from draftsman.proposers.staged import StagedProposer
+from draftsman.proposers.suffix import SuffixProposer
 from draftsman.sampling import SamplingConfig, probabilities
 from draftsman.strategies import step_machine
 from draftsman.strategies.autoregressive import Autoregressive
@@ -119,6 +120,24 @@ def test_staged_identical(models, sub):
             got, steps = run(staged, prompt)
             assert got == expected
             assert sum(s.extra.get("sub_drafted", 0) for s in steps) > 0
+
+
+def test_staged_bypass_identical(models):
+    """Long suffix matches go straight to the target, the rest through the draft model:
+    both routes run, and the output is autoregressive decoding's."""
+    reference = Autoregressive(models["target"])
+    staged = Speculative(models["target"],
+                         StagedProposer(models["close"], SuffixProposer(), 3, bypass=4),
+                         make_policy("auto", None))
+    bypassed = cascaded = 0
+    for prompt in prompts(4):
+        prompt = prompt + prompt  # a repeated prompt: the suffix drafter finds long matches
+        expected, _ = run(reference, prompt)
+        got, steps = run(staged, prompt)
+        assert got == expected
+        bypassed += sum(s.drafted for s in steps if s.extra.get("bypass"))
+        cascaded += sum(s.drafted for s in steps if not s.extra.get("bypass"))
+    assert bypassed > 0 and cascaded > 0
 
 
 def test_draft_equal_to_target_accepts_everything(models):

@@ -29,6 +29,10 @@ class Proposer(ABC):
     name: str = "proposer"
     uses_model: bool = False
     uses_history: bool = False  # True: drafts from earlier sequences given to `use_history`
+    # True: `propose` takes `room` and may return a cheaper drafter's deterministic guesses
+    # (extra["bypass"]) past γ, up to `room` (a cascade sending a long match straight to
+    # the target); the step machine passes its room and plans those guesses as free ones
+    bypasses: bool = False
 
     def use_history(self, history: object | None) -> None:
         """The request's read-only earlier sequences (proposers/history.py `Scope`), or None;

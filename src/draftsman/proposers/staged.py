@@ -4,6 +4,13 @@ The draft model produces its γ guesses by running speculative decoding against 
 sub-drafter (n-gram, prompt lookup or a smaller model). Its outputs are distributed exactly
 as the draft model's own samples, with the draft's probabilities known at every position, so
 the target can verify them with ordinary speculative sampling: exact at every stage.
+
+With `bypass` = n, a sub-drafter whose match is at least n tokens long (a copied passage,
+where its guesses are as good as the draft model's and cost nothing) sends its guesses
+straight to the target, up to the step's `room`, without the draft model. Whether to bypass
+depends only on the committed text, so the proposal is a point mass on those guesses and
+speculative sampling with a one-hot q (q = None) keeps the target's distribution. The draft
+model reads the bypassed tokens the next time it drafts.
 """
 
 from __future__ import annotations
@@ -17,14 +24,25 @@ from draftsman.state import ModelState
 from draftsman.verification.chain import verify_greedy, verify_sampling
 
 
+def match_length(proposal: Proposal) -> int:
+    """How many tokens of context a deterministic drafter's guesses continue."""
+    extra = proposal.extra
+    return int(extra.get("match_length", extra.get("match", 0)))
+
+
 class StagedProposer(Proposer):
     name = "staged"
     uses_model = True
 
-    def __init__(self, model: DecoderLM, sub: Proposer, sub_gamma: int = 4) -> None:
+    def __init__(self, model: DecoderLM, sub: Proposer, sub_gamma: int = 4,
+                 bypass: int | None = None) -> None:
+        if bypass is not None and sub.uses_model:
+            raise ValueError("bypass needs a deterministic sub-drafter, not a model")
         self.model = model
         self.sub = sub
         self.sub_gamma = sub_gamma
+        self.bypass = bypass
+        self.bypasses = bypass is not None
         self.state: ModelState | None = None
 
     def use_history(self, history: object | None) -> None:
@@ -35,7 +53,13 @@ class StagedProposer(Proposer):
         self.sub.start(prompt_ids, capacity + self.sub_gamma + 1)
 
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
-                stop_below: float | None = None) -> Proposal:
+                stop_below: float | None = None, room: int = 0) -> Proposal:
+        if self.bypass is not None and room > 0:
+            fast = self.sub.propose(committed, room, sampler)
+            if fast.tokens and match_length(fast) >= self.bypass:
+                return Proposal(fast.tokens[:room], None, 0, {**fast.extra, "bypass": True})
+        if gamma <= 0:
+            return Proposal([], None)
         state = self.state
         produced: list[int] = []
         rows: list[torch.Tensor] = []

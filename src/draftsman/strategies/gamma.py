@@ -28,6 +28,7 @@ class Feedback:
     draft_forwards: int
     verify_seconds: float
     key: int | None = None  # a deterministic drafter's match length (see CostModelGamma.plan)
+    free: bool = False  # a cascade's bypass: guesses that cost nothing, learnt per key only
 
 
 class GammaPolicy:
@@ -42,9 +43,9 @@ class GammaPolicy:
     def next_gamma(self) -> int:
         return self.gamma
 
-    def plan(self, guesses: int, key: int | None) -> int:
+    def plan(self, guesses: int, key: int | None, free: bool = False) -> int:
         """How many of a deterministic drafter's `guesses` to verify (all, unless a policy
-        knows better)."""
+        knows better); `free`: guesses that cost no drafting (a cascade's bypass)."""
         return guesses
 
     def update(self, fb: Feedback) -> None:
@@ -126,16 +127,17 @@ class CostModelGamma(GammaPolicy):
             best = 1
         self.gamma = best
 
-    def _best_gamma(self, alpha: float, limit: int) -> int:
+    def _best_gamma(self, alpha: float, limit: int, cost: float | None = None) -> int:
         verify = self.verify_cost
+        c = self.cost if cost is None else cost
         return max(range(0, limit + 1), key=lambda g: expected_tokens_per_step(alpha, g) / (
-            g * self.cost + verify.get(g + 1, 1.0)))
+            g * c + verify.get(g + 1, 1.0)))
 
-    def plan(self, guesses: int, key: int | None) -> int:
+    def plan(self, guesses: int, key: int | None, free: bool = False) -> int:
         if key is None:
             return min(guesses, self.gamma)
         accepts, trials = self.by_key.get(key, (2 * self.alpha, 2.0))
-        keep = self._best_gamma(min(accepts / trials, 0.99), guesses)
+        keep = self._best_gamma(min(accepts / trials, 0.99), guesses, 0.0 if free else None)
         if keep == 0 and key not in self.by_key:
             keep = 1  # never seen: one guess to learn how such matches fare
         return keep
@@ -146,14 +148,17 @@ class CostModelGamma(GammaPolicy):
 
     def update(self, fb: Feedback) -> None:
         verify = self.verify_cost
-        if fb.drafted:
-            m = self.memory
+        m = self.memory
+        if fb.drafted and not fb.free:
             self.accepts = m * self.accepts + fb.accepted
             self.trials = m * self.trials + fb.accepted + (1 if fb.rejected else 0)
-            if fb.key is not None:
-                counts = self.by_key.setdefault(fb.key, [2 * self.alpha, 2.0])
-                counts[0] = m * counts[0] + fb.accepted
-                counts[1] = m * counts[1] + fb.accepted + (1 if fb.rejected else 0)
+        if fb.drafted and fb.key is not None:
+            counts = self.by_key.setdefault(fb.key, [2 * self.alpha, 2.0])
+            counts[0] = m * counts[0] + fb.accepted
+            counts[1] = m * counts[1] + fb.accepted + (1 if fb.rejected else 0)
+        if fb.free:
+            return  # a cascade's bypass: what such matches are worth, not the draft's α or c
+        if fb.drafted:
             if fb.verify_seconds > 0:
                 # c per drafted token (a model drafter spends one forward per token; n-gram
                 # and lookup drafters almost nothing) relative to a one-token target forward

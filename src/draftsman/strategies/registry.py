@@ -86,6 +86,10 @@ class StagedOptions(MethodOptions):
                                             "gamma=auto)", choices=tuple(sorted(POLICIES)))
     max_gamma: int = option(12, "the largest gamma an adaptive policy may choose", kind=int,
                             minimum=1)
+    bypass: int | None = option(None, "a model-free subdraft whose match is at least N tokens "
+                                      "sends its guesses straight to the target, up to "
+                                      "max_gamma, skipping the middle model (needs "
+                                      "gamma=auto)", kind=int, minimum=1)
 
 
 def make_proposer(spec: str, engine: Engine, dtype: str | None = None,
@@ -166,9 +170,13 @@ def build_staged(engine: Engine, o: StagedOptions) -> Strategy:
     if is_model_free(draft):
         raise InvalidArgumentError("staged needs a draft model in the middle (--draft MODEL)")
     sub = make_proposer(o.subdraft, engine)
-    middle = StagedProposer(engine.model(draft, o.draft_dtype, o.draft_vocab).model, sub,
-                            o.subgamma)
     policy = _policy(o.gamma, o.gamma_policy, o.max_gamma)
+    if o.bypass is not None and (sub.uses_model or not policy.plans_guesses):
+        raise InvalidArgumentError(
+            "bypass needs a model-free subdraft (" + ", ".join(MODEL_FREE) + ") and "
+            "gamma=auto (the cost model plans the bypassed guesses)")
+    middle = StagedProposer(engine.model(draft, o.draft_dtype, o.draft_vocab).model, sub,
+                            o.subgamma, o.bypass)
     _calibrate(policy, engine, middle, draft, o.draft_dtype, o.draft_vocab)
     return Speculative(engine.target.model, middle, policy)
 

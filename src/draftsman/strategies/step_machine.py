@@ -91,6 +91,8 @@ class SpeculativeSteps:
         self._rows: Rows | None = None
         self._key: int | None = None
         self._gamma = self._wanted = 0
+        self._room = 0  # free guesses a bypassing cascade may add past γ (draft_length)
+        self._bypass = False  # this step's guesses bypassed the draft model
         self._started = False
         self._forwards = 0  # target forwards since the last Step
 
@@ -140,11 +142,15 @@ class SpeculativeSteps:
     def propose(self) -> Proposal:
         """This step's guesses (as the request's policy plans them; none while prefilling)."""
         gamma = self.draft_length()
-        if not gamma:
+        if not gamma and not self._room:
             return self.take(Proposal([], None))
         with self.timer("draft"):
-            proposal = self.proposer.propose(self.committed, gamma, self.sampler,
-                                             self.policy.stop_below)
+            if self._room:
+                proposal = self.proposer.propose(self.committed, gamma, self.sampler,
+                                                 self.policy.stop_below, room=self._room)
+            else:
+                proposal = self.proposer.propose(self.committed, gamma, self.sampler,
+                                                 self.policy.stop_below)
         return self.take(proposal)
 
     def draft_length(self) -> int:
@@ -152,6 +158,7 @@ class SpeculativeSteps:
         asks for some starts the proposer on the prompt. `propose` = this, the drafter, then
         `take`; a batch drafts several requests' guesses together between the two."""
         self.proposal, self._key, self._gamma, self._wanted = NO_GUESS, None, 0, 0
+        self._room, self._bypass = 0, False
         if self.prefilling or self.done or self.proposer is None:
             return 0
         policy = self.policy
@@ -161,7 +168,11 @@ class SpeculativeSteps:
             wanted = min(wanted, self.gamma_cap)
         self._wanted = wanted
         self._gamma = max(0, min(wanted, self.budget.remaining - 1))
-        if self._gamma and not self._started:
+        if self.proposer.bypasses and policy.plans_guesses:
+            # free guesses past γ: up to the policy's largest γ (a batch controller's cap)
+            room = policy.max_gamma if self.gamma_cap is None else self.gamma_cap
+            self._room = max(0, min(room, self.budget.remaining - 1))
+        if (self._gamma or self._room) and not self._started:
             # a one-time cost (a draft model reads the prompt), kept out of the policy's
             # cost per guess; none at all for a drafter the policy never asks
             with self.timer("draft_setup"):
@@ -173,11 +184,13 @@ class SpeculativeSteps:
     def take(self, proposal: Proposal) -> Proposal:
         """The drafter's guesses for this step; a deterministic drafter's are cut to what
         the policy plans for guesses of their match length."""
+        self._bypass = bool(proposal.extra.get("bypass"))
         planned = (self.proposer is not None and self.policy.plans_guesses
-                   and not self.proposer.uses_model)
+                   and (not self.proposer.uses_model or self._bypass))
         key = proposal.extra.get("match") if planned else None
         if planned and proposal.tokens:
-            proposal.tokens = proposal.tokens[: self.policy.plan(len(proposal.tokens), key)]
+            keep = self.policy.plan(len(proposal.tokens), key, free=self._bypass)
+            proposal.tokens = proposal.tokens[:keep]
             self._gamma = self._wanted = len(proposal.tokens)
         self.proposal, self._key = proposal, key
         return proposal
@@ -255,7 +268,7 @@ class SpeculativeSteps:
                 forward_seconds if cost_seconds is None else cost_seconds)
             self.policy.update(Feedback(drafted, verdict.accepted, verdict.rejected,
                                         seconds.get("draft", 0.0), proposal.forwards, verify,
-                                        self._key))
+                                        self._key, free=self._bypass))
         kept = min(verdict.accepted, len(new))
         extra = {"gamma": self._gamma, "policy_gamma": self._wanted, **proposal.extra} \
             if self.proposer is not None else {}

@@ -85,7 +85,8 @@ def coverage_of(steps: Iterable[Step]) -> Counter:
     `guesses`, `accepted at i` (a guess kept at depth i), `rejected at i` (the guess at
     depth i refused), `bonus` (every guess kept, the target's extra token), `branches >= 2`
     / `>= 3`, `sibling after rejection` (a tree node tried a guess after refusing one),
-    `stage-1 accepted` / `stage-1 rejected` (a staged drafter's inner verification) and
+    `stage-1 accepted` / `stage-1 rejected` (a staged drafter's inner verification),
+    `bypass` (a cascade sent its sub-drafter's guesses straight to the target) and
     `gamma changed` (the γ policy chose more than one draft length, budget
     clipping aside)."""
     cov: Counter = Counter()
@@ -111,6 +112,8 @@ def coverage_of(steps: Iterable[Step]) -> Counter:
             cov["stage-1 accepted"] += 1
         if extra.get("sub_rejections", 0):
             cov["stage-1 rejected"] += 1
+        if extra.get("bypass"):
+            cov["bypass"] += 1
         if "policy_gamma" in extra:
             gammas.add(extra["policy_gamma"])
     if len(gammas) > 1:
