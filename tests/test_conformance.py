@@ -279,44 +279,6 @@ def test_staged_mutation_is_rejected(models, joints, monkeypatch):
     assert result.p_min < 1e-6, result.table()
 
 
-def bypass_strategy(models):
-    """A cascade whose n-gram guesses after a 2-token context skip the draft (cost-model
-    γ, as `bypass` needs), those after one token going through it."""
-    target, draft = models
-    policy = PinnedCostGamma(gamma=2, max_gamma=3)
-    policy.calibrate({k: 1.0 + 0.02 * (k - 1) for k in range(1, 6)}, draft_cost=0.05)
-    return Speculative(target, StagedProposer(draft, NGramProposer(order=3), sub_gamma=2,
-                                              bypass=2), policy)
-
-
-def test_staged_bypass_is_exact(models, joints):
-    result = report(check_exact(bypass_strategy(models), TREE_PROMPT,
-                                joints[(tuple(TREE_PROMPT), T1)], T1, DRAWS,
-                                require=["bypass", "stage-1 accepted", "stage-1 rejected",
-                                         "accepted at 1", "accepted at 2", "rejected at 1",
-                                         "bonus"]),
-                    "staged with bypass: long matches straight to the target")
-    assert result.passed(), result.table()
-
-
-def test_staged_bypass_mutation_is_rejected(models, joints, monkeypatch):
-    """A mutation: the bypassed guesses are checked as if drawn from a flat draft (the
-    middle model's rows passed along), not as the point masses they are."""
-    original = StagedProposer.propose
-
-    def flat_q(self, committed, gamma, sampler, stop_below=None, room=0):
-        proposal = original(self, committed, gamma, sampler, stop_below, room)
-        if proposal.extra.get("bypass"):
-            proposal.q = torch.full((len(proposal.tokens), VOCAB), 1.0 / VOCAB)
-        return proposal
-
-    monkeypatch.setattr(staged_module.StagedProposer, "propose", flat_q)
-    result = report(check_exact(bypass_strategy(models), TREE_PROMPT,
-                                joints[(tuple(TREE_PROMPT), T1)], T1, DRAWS),
-                    "mutation: bypassed guesses against a flat q")
-    assert result.p_min < 1e-6, result.table()
-
-
 def test_harness_rejects_a_wrong_sampler(models, joints, monkeypatch):
     """The harness itself has power: a target sampled at the wrong temperature fails."""
     real = sampling_module.probabilities
@@ -381,6 +343,53 @@ def test_cost_model_gamma_changing_mid_run_is_exact(models, joints):
                                                     "rejected at 2", "bonus"]),
                     "speculative, cost-model γ")
     assert result.passed(), result.table()
+
+
+class BypassingGamma(PinnedCostGamma):
+    """Routes every long match past the draft. Which route a step takes is the policy's
+    choice from the history; any such choice must keep the output exact, and this one
+    makes both routes frequent in the window."""
+
+    def route(self, guesses, key):
+        return guesses
+
+
+def bypass_strategy(models):
+    """A cascade whose n-gram guesses after a 2-token context skip the draft (cost-model
+    γ, as `bypass` needs), those after one token going through it."""
+    target, draft = models
+    policy = BypassingGamma(gamma=2, max_gamma=3)
+    policy.calibrate({k: 1.0 + 0.02 * (k - 1) for k in range(1, 6)}, draft_cost=0.05)
+    return Speculative(target, StagedProposer(draft, NGramProposer(order=3), sub_gamma=2,
+                                              bypass=2), policy)
+
+
+def test_staged_bypass_is_exact(models, joints):
+    result = report(check_exact(bypass_strategy(models), TREE_PROMPT,
+                                joints[(tuple(TREE_PROMPT), T1)], T1, DRAWS,
+                                require=["bypass", "stage-1 accepted", "stage-1 rejected",
+                                         "accepted at 1", "accepted at 2", "rejected at 1",
+                                         "bonus"]),
+                    "staged with bypass: long matches straight to the target")
+    assert result.passed(), result.table()
+
+
+def test_staged_bypass_mutation_is_rejected(models, joints, monkeypatch):
+    """A mutation: the bypassed guesses are checked as if drawn from a flat draft (the
+    middle model's rows passed along), not as the point masses they are."""
+    original = StagedProposer.propose
+
+    def flat_q(self, committed, gamma, sampler, stop_below=None, room=0, route=None):
+        proposal = original(self, committed, gamma, sampler, stop_below, room, route)
+        if proposal.extra.get("bypass"):
+            proposal.q = torch.full((len(proposal.tokens), VOCAB), 1.0 / VOCAB)
+        return proposal
+
+    monkeypatch.setattr(staged_module.StagedProposer, "propose", flat_q)
+    result = report(check_exact(bypass_strategy(models), TREE_PROMPT,
+                                joints[(tuple(TREE_PROMPT), T1)], T1, DRAWS),
+                    "mutation: bypassed guesses against a flat q")
+    assert result.p_min < 1e-6, result.table()
 
 
 # ----------------------------------------------------------------------------- prompt tokens

@@ -252,6 +252,25 @@ def test_cost_policy_plans_deterministic_guesses_by_match_length():
     assert CostModelGamma().plan(3, None) <= 3
 
 
+def test_cost_policy_routes_free_guesses_by_what_their_match_length_earned():
+    """A cascade's free guesses bypass the draft model where their match length has kept
+    paying more than the model's drafting does, and go through the model where it has not
+    (`route` 0); unsent guesses are scored against the committed text (shadow_verdict)."""
+    from draftsman.strategies.gamma import CostModelGamma
+    from draftsman.strategies.step_machine import shadow_verdict
+
+    policy = CostModelGamma(max_gamma=8, verify_cost={n: 1 + 0.05 * (n - 1) for n in range(1, 10)})
+    policy.cost, policy.accepts, policy.trials, policy.gamma = 0.3, 8.0, 10.0, 3  # α 0.8
+    for _ in range(12):
+        policy.learn_key(2, 0, True)  # 2-token matches: first guess always wrong
+        policy.learn_key(8, 6, False)  # 8-token matches: long runs kept
+    assert policy.route(6, 2) == 0
+    assert policy.route(6, 8) == 6
+    assert shadow_verdict([5, 6, 7], [5, 6, 9]) == (2, True)
+    assert shadow_verdict([5, 6, 7], [5, 6]) == (2, False)  # the step ended: not refused
+    assert shadow_verdict([5], [5, 1, 2]) == (1, False)
+
+
 def test_cost_policy_probes_only_when_probing_is_free():
     """After settling at γ = 0 the policy re-probes with γ = 1 every 8 steps, unless probes
     are off (a draft model would first have to read every token it skipped)."""

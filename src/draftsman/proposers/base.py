@@ -16,6 +16,9 @@ class Proposal:
     q: torch.Tensor | None  # [len(tokens), V] draft probabilities; None: deterministic guesses
     forwards: int = 0  # draft model forwards spent
     extra: dict = field(default_factory=dict)  # e.g. inner-stage acceptance for cascades
+    # a cheaper drafter's guesses a cascade did not send (their match length, the guesses):
+    # the step machine learns from the committed text how they would have fared
+    shadow: tuple[int | None, list[int]] | None = None
 
 
 class Proposer(ABC):
@@ -29,9 +32,10 @@ class Proposer(ABC):
     name: str = "proposer"
     uses_model: bool = False
     uses_history: bool = False  # True: drafts from earlier sequences given to `use_history`
-    # True: `propose` takes `room` and may return a cheaper drafter's deterministic guesses
-    # (extra["bypass"]) past γ, up to `room` (a cascade sending a long match straight to
-    # the target); the step machine passes its room and plans those guesses as free ones
+    # True: `propose` also takes `room` and `route` and may return a cheaper drafter's
+    # deterministic guesses (extra["bypass"]) past γ, up to `room`, as many as
+    # `route(guesses, match)` says beat drafting with the model (0: draft); a cascade
+    # sending a copied passage straight to the target
     bypasses: bool = False
 
     def use_history(self, history: object | None) -> None:

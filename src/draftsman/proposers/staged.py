@@ -6,14 +6,19 @@ as the draft model's own samples, with the draft's probabilities known at every 
 the target can verify them with ordinary speculative sampling: exact at every stage.
 
 With `bypass` = n, a sub-drafter whose match is at least n tokens long (a copied passage,
-where its guesses are as good as the draft model's and cost nothing) sends its guesses
-straight to the target, up to the step's `room`, without the draft model. Whether to bypass
-depends only on the committed text, so the proposal is a point mass on those guesses and
-speculative sampling with a one-hot q (q = None) keeps the target's distribution. The draft
-model reads the bypassed tokens the next time it drafts.
+where its guesses are as good as the draft model's and cost nothing) may send its guesses
+straight to the target, up to the step's `room`, without the draft model: `route` (the
+cost model) says how many beat drafting with the model, from what such matches were worth
+before, 0 to draft as usual. Guesses not sent go back as the proposal's `shadow`, so their
+worth is learnt from the committed text either way. Whether to bypass depends only on the
+committed text, so the proposal is a point mass on those guesses and speculative sampling
+with a one-hot q (q = None) keeps the target's distribution. The draft model reads the
+bypassed tokens the next time it drafts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -53,13 +58,19 @@ class StagedProposer(Proposer):
         self.sub.start(prompt_ids, capacity + self.sub_gamma + 1)
 
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
-                stop_below: float | None = None, room: int = 0) -> Proposal:
+                stop_below: float | None = None, room: int = 0,
+                route: Callable[[int, int | None], int] | None = None) -> Proposal:
+        shadow = None
         if self.bypass is not None and room > 0:
             fast = self.sub.propose(committed, room, sampler)
             if fast.tokens and match_length(fast) >= self.bypass:
-                return Proposal(fast.tokens[:room], None, 0, {**fast.extra, "bypass": True})
+                key = fast.extra.get("match")
+                keep = route(len(fast.tokens), key) if route else len(fast.tokens)
+                if keep:
+                    return Proposal(fast.tokens[:keep], None, 0, {**fast.extra, "bypass": True})
+                shadow = (key, fast.tokens)
         if gamma <= 0:
-            return Proposal([], None)
+            return Proposal([], None, shadow=shadow)
         state = self.state
         produced: list[int] = []
         rows: list[torch.Tensor] = []
@@ -90,7 +101,7 @@ class StagedProposer(Proposer):
         q = torch.cat(rows)[:gamma] if rows else None
         extra = {"sub_drafted": sub_drafted, "sub_accepted": sub_accepted,
                  "sub_rejections": sub_rejections, "sub_forwards": sub_forwards}
-        return Proposal(produced[:gamma], q, forwards, extra)
+        return Proposal(produced[:gamma], q, forwards, extra, shadow)
 
     def commit(self, committed: list[int]) -> None:
         self.state.sync(committed)

@@ -48,6 +48,15 @@ class GammaPolicy:
         knows better); `free`: guesses that cost no drafting (a cascade's bypass)."""
         return guesses
 
+    def route(self, guesses: int, key: int | None) -> int:
+        """A cascade's free guesses (its sub-drafter's, `key` their match length): how many
+        to verify instead of drafting with the model; 0: draft with the model."""
+        return guesses
+
+    def learn_key(self, key: int | None, accepted: int, rejected: bool) -> None:
+        """How guesses of match length `key` fared (a step's, or a cascade's unsent ones
+        against the committed text)."""
+
     def update(self, fb: Feedback) -> None:
         pass
 
@@ -142,6 +151,29 @@ class CostModelGamma(GammaPolicy):
             keep = 1  # never seen: one guess to learn how such matches fare
         return keep
 
+    def route(self, guesses: int, key: int | None) -> int:
+        """Bypass the draft model when the free guesses' expected tokens per unit time (α of
+        their match length, the best γ for them at no drafting cost) beat the model path's
+        at its current γ (plain decoding's 1 when that γ is 0)."""
+        verify = self.verify_cost
+        accepts, trials = self.by_key.get(key, (2 * self.alpha, 2.0))
+        alpha_key = min(accepts / trials, 0.99)
+        g = self._best_gamma(alpha_key, guesses, 0.0)
+        if g == 0:
+            return 0
+        free = expected_tokens_per_step(alpha_key, g) / verify.get(g + 1, 1.0)
+        drafted = expected_tokens_per_step(self.alpha, self.gamma) / (
+            self.gamma * self.cost + verify.get(self.gamma + 1, 1.0))
+        return g if free >= drafted else 0
+
+    def learn_key(self, key: int | None, accepted: int, rejected: bool) -> None:
+        if key is None:
+            return
+        m = self.memory
+        counts = self.by_key.setdefault(key, [2 * self.alpha, 2.0])
+        counts[0] = m * counts[0] + accepted
+        counts[1] = m * counts[1] + accepted + (1 if rejected else 0)
+
     @property
     def alpha(self) -> float:
         return min(self.accepts / self.trials, 0.99)
@@ -152,10 +184,8 @@ class CostModelGamma(GammaPolicy):
         if fb.drafted and not fb.free:
             self.accepts = m * self.accepts + fb.accepted
             self.trials = m * self.trials + fb.accepted + (1 if fb.rejected else 0)
-        if fb.drafted and fb.key is not None:
-            counts = self.by_key.setdefault(fb.key, [2 * self.alpha, 2.0])
-            counts[0] = m * counts[0] + fb.accepted
-            counts[1] = m * counts[1] + fb.accepted + (1 if fb.rejected else 0)
+        if fb.drafted:
+            self.learn_key(fb.key, fb.accepted, fb.rejected)
         if fb.free:
             return  # a cascade's bypass: what such matches are worth, not the draft's α or c
         if fb.drafted:

@@ -41,6 +41,16 @@ from draftsman.verification.chain import Verdict, verify_greedy, verify_sampling
 NO_GUESS = Proposal([], None)
 
 
+def shadow_verdict(guesses: list[int], new: list[int]) -> tuple[int, bool]:
+    """How deterministic guesses nobody verified would have fared against the tokens the
+    step committed: (kept, refused). Greedy: what the target would have decided. Sampled:
+    a guess x is kept with probability p(x), the chance the target drew x itself."""
+    kept = 0
+    while kept < min(len(guesses), len(new)) and guesses[kept] == new[kept]:
+        kept += 1
+    return kept, kept < len(guesses) and kept < len(new)
+
+
 @dataclass(frozen=True)
 class Rows:
     """What one request feeds to the next forward."""
@@ -147,7 +157,8 @@ class SpeculativeSteps:
         with self.timer("draft"):
             if self._room:
                 proposal = self.proposer.propose(self.committed, gamma, self.sampler,
-                                                 self.policy.stop_below, room=self._room)
+                                                 self.policy.stop_below, room=self._room,
+                                                 route=self.policy.route)
             else:
                 proposal = self.proposer.propose(self.committed, gamma, self.sampler,
                                                  self.policy.stop_below)
@@ -269,6 +280,9 @@ class SpeculativeSteps:
             self.policy.update(Feedback(drafted, verdict.accepted, verdict.rejected,
                                         seconds.get("draft", 0.0), proposal.forwards, verify,
                                         self._key, free=self._bypass))
+            if proposal.shadow is not None:
+                key, guesses = proposal.shadow
+                self.policy.learn_key(key, *shadow_verdict(guesses, new))
         kept = min(verdict.accepted, len(new))
         extra = {"gamma": self._gamma, "policy_gamma": self._wanted, **proposal.extra} \
             if self.proposer is not None else {}
