@@ -117,6 +117,10 @@ class CostModelGamma(GammaPolicy):
         self.verify_cost = verify_cost or {}  # tokens verified -> cost relative to 1 token
         self.idle = 0  # steps without drafting; after a few, probe with γ = 1 to refresh α
         self.by_key: dict[int, list[float]] = {}  # match length -> [accepts, trials]
+        # A bypassing cascade (`route`): the model's α says nothing of its sub-drafter's
+        # guesses, so a match length not seen yet starts from the α of all its free guesses
+        self.bypassing = False
+        self.free_counts = [prior_alpha * 4, 4.0]
         # Probing a draft *model* after it stopped paying is not free: the draft must first
         # read every token committed since it last ran. The registry turns probes off for
         # model drafters, so "do not speculate" really costs nothing once decided.
@@ -142,10 +146,16 @@ class CostModelGamma(GammaPolicy):
         return max(range(0, limit + 1), key=lambda g: expected_tokens_per_step(alpha, g) / (
             g * c + verify.get(g + 1, 1.0)))
 
+    def _key_prior(self) -> float:
+        """The α a match length not seen yet starts from."""
+        if self.bypassing:
+            return min(self.free_counts[0] / self.free_counts[1], 0.99)
+        return self.alpha
+
     def plan(self, guesses: int, key: int | None, free: bool = False) -> int:
         if key is None:
             return min(guesses, self.gamma)
-        accepts, trials = self.by_key.get(key, (2 * self.alpha, 2.0))
+        accepts, trials = self.by_key.get(key, (2 * self._key_prior(), 2.0))
         keep = self._best_gamma(min(accepts / trials, 0.99), guesses, 0.0 if free else None)
         if keep == 0 and key not in self.by_key:
             keep = 1  # never seen: one guess to learn how such matches fare
@@ -156,7 +166,7 @@ class CostModelGamma(GammaPolicy):
         their match length, the best γ for them at no drafting cost) beat the model path's
         at its current γ (plain decoding's 1 when that γ is 0)."""
         verify = self.verify_cost
-        accepts, trials = self.by_key.get(key, (2 * self.alpha, 2.0))
+        accepts, trials = self.by_key.get(key, (2 * self._key_prior(), 2.0))
         alpha_key = min(accepts / trials, 0.99)
         g = self._best_gamma(alpha_key, guesses, 0.0)
         if g == 0:
@@ -170,9 +180,10 @@ class CostModelGamma(GammaPolicy):
         if key is None:
             return
         m = self.memory
-        counts = self.by_key.setdefault(key, [2 * self.alpha, 2.0])
-        counts[0] = m * counts[0] + accepted
-        counts[1] = m * counts[1] + accepted + (1 if rejected else 0)
+        own = self.by_key.setdefault(key, [2 * self._key_prior(), 2.0])
+        for c in (own, self.free_counts) if self.bypassing else (own,):
+            c[0] = m * c[0] + accepted
+            c[1] = m * c[1] + accepted + (1 if rejected else 0)
 
     @property
     def alpha(self) -> float:

@@ -111,6 +111,7 @@ def _calibrate(policy: GammaPolicy, engine: Engine, proposer: Proposer,
     stopped paying (the draft would first read every skipped token)."""
     if isinstance(policy, CostModelGamma):
         policy.probe = not proposer.uses_model
+        policy.bypassing = proposer.bypasses
         if proposer.uses_model:
             draft_cost = draft_cost_ratio(engine, draft, dtype, vocab) if draft else None
         else:
