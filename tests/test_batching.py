@@ -37,6 +37,8 @@ from draftsman.proposers.base import Proposal
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.proposers.ngram import NGramProposer
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
+from draftsman.proposers.staged import StagedProposer
+from draftsman.proposers.suffix import SuffixProposer
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import step_machine, tree_steps
 from draftsman.strategies.autoregressive import Autoregressive
@@ -243,6 +245,23 @@ def alone(make, prompt, config):
 
 def test_batched_greedy_equals_each_request_alone_and_guesses_pay(pair):
     check_batched_greedy(*pair)
+
+
+def test_a_bypassing_cascade_in_a_batch_equals_it_alone(pair):
+    """Staged cascades that send long suffix matches straight to the target, three at once
+    under the controller (offered as free guesses, their cap bounding the draft's γ):
+    each output is its own alone, and matches did bypass the draft."""
+    target, draft = pair
+
+    def cascade():
+        policy = make_policy("auto", None, 8)
+        policy.calibrate({n: 1.0 + 0.02 * (n - 1) for n in range(1, 80)})
+        policy.bypassing = True
+        return Speculative(target, StagedProposer(draft, SuffixProposer(), 3, bypass=2),
+                           policy)
+
+    steps = batched_equals_alone(target, [cascade] * 3, PROMPTS[:3])
+    assert any(s.extra.get("bypass") for request in steps.values() for s in request)
 
 
 @pytest.mark.gpu

@@ -146,11 +146,14 @@ class CostModelGamma(GammaPolicy):
         return max(range(0, limit + 1), key=lambda g: expected_tokens_per_step(alpha, g) / (
             g * c + verify.get(g + 1, 1.0)))
 
+    @property
+    def free_alpha(self) -> float:
+        """α of a bypassing cascade's free guesses, all match lengths together."""
+        return min(self.free_counts[0] / self.free_counts[1], 0.99)
+
     def _key_prior(self) -> float:
         """The α a match length not seen yet starts from."""
-        if self.bypassing:
-            return min(self.free_counts[0] / self.free_counts[1], 0.99)
-        return self.alpha
+        return self.free_alpha if self.bypassing else self.alpha
 
     def plan(self, guesses: int, key: int | None, free: bool = False) -> int:
         if key is None:

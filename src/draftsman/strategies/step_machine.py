@@ -133,6 +133,8 @@ class SpeculativeSteps:
         if self._key is not None and self._key in policy.by_key:
             accepts, trials = policy.by_key[self._key]
             return min(accepts / trials, 0.99)
+        if self.bypasses:
+            return policy.free_alpha
         return policy.alpha
 
     def offered(self) -> int:
@@ -141,12 +143,20 @@ class SpeculativeSteps:
         return self.policy.max_gamma if self.drafts_with_model else len(self.proposal.tokens)
 
     def guess_cost(self) -> float:
-        """Cost of drafting one guess relative to one target forward (c)."""
-        return self.policy.cost if isinstance(self.policy, CostModelGamma) else 0.0
+        """Cost of drafting one guess relative to one target forward (c). A bypassing
+        cascade is offered to a batch controller as its free guesses (its cap then bounds
+        the model's γ too)."""
+        if self.bypasses or not isinstance(self.policy, CostModelGamma):
+            return 0.0
+        return self.policy.cost
 
     @property
     def drafts_with_model(self) -> bool:
         return self.proposer is not None and self.proposer.uses_model
+
+    @property
+    def bypasses(self) -> bool:
+        return self.proposer is not None and self.proposer.bypasses
 
     # ---------------------------------------------------------------- the cycle
     def propose(self) -> Proposal:
