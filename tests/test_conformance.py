@@ -264,19 +264,25 @@ def test_staged_mutation_is_rejected(models, joints, monkeypatch):
     """A mutation: the target checks the staged guesses against the draft's distributions
     one position late (stage 2 against the wrong q). (One-hot q would not be a bug: random
     guesses checked as deterministic ones are still exact.)"""
-    original = StagedProposer.propose
-
-    def wrong_q(self, committed, gamma, sampler, stop_below=None):
-        proposal = original(self, committed, gamma, sampler, stop_below)
+    def wrong_q(proposal):
         if proposal.q is not None and len(proposal.tokens) > 1:
             proposal.q = torch.cat([proposal.q[:1], proposal.q[:-1]])
         return proposal
 
-    monkeypatch.setattr(staged_module.StagedProposer, "propose", wrong_q)
-    result = report(check_exact(staged_strategy(models), CHAIN_PROMPT,
-                                joints[(tuple(CHAIN_PROMPT), T1)], T1, DRAWS),
-                    "mutation: stage 2 against the wrong distribution")
+    result = staged_mutation(monkeypatch, wrong_q, staged_strategy(models), CHAIN_PROMPT, joints,
+                             "mutation: stage 2 against the wrong distribution")
     assert result.p_min < 1e-6, result.table()
+
+
+def staged_mutation(monkeypatch, mutate, strategy, prompt, joints, name):
+    """`check_exact` of `strategy` with every staged proposal passed through `mutate`."""
+    original = StagedProposer.propose
+
+    def mutated(self, *args, **kwargs):
+        return mutate(original(self, *args, **kwargs))
+
+    monkeypatch.setattr(staged_module.StagedProposer, "propose", mutated)
+    return report(check_exact(strategy, prompt, joints[(tuple(prompt), T1)], T1, DRAWS), name)
 
 
 def test_harness_rejects_a_wrong_sampler(models, joints, monkeypatch):
@@ -377,18 +383,13 @@ def test_staged_bypass_is_exact(models, joints):
 def test_staged_bypass_mutation_is_rejected(models, joints, monkeypatch):
     """A mutation: the bypassed guesses are checked as if drawn from a flat draft (the
     middle model's rows passed along), not as the point masses they are."""
-    original = StagedProposer.propose
-
-    def flat_q(self, committed, gamma, sampler, stop_below=None, room=0, route=None):
-        proposal = original(self, committed, gamma, sampler, stop_below, room, route)
+    def flat_q(proposal):
         if proposal.extra.get("bypass"):
             proposal.q = torch.full((len(proposal.tokens), VOCAB), 1.0 / VOCAB)
         return proposal
 
-    monkeypatch.setattr(staged_module.StagedProposer, "propose", flat_q)
-    result = report(check_exact(bypass_strategy(models), TREE_PROMPT,
-                                joints[(tuple(TREE_PROMPT), T1)], T1, DRAWS),
-                    "mutation: bypassed guesses against a flat q")
+    result = staged_mutation(monkeypatch, flat_q, bypass_strategy(models), TREE_PROMPT, joints,
+                             "mutation: bypassed guesses against a flat q")
     assert result.p_min < 1e-6, result.table()
 
 
