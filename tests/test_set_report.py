@@ -85,7 +85,7 @@ def test_cpu_preset_times_every_workload(capsys: pytest.CaptureFixture[str]) -> 
     assert parse_peers(cfg.peers) == [("llama.cpp", "plain"), ("llama.cpp", "lookup"),
                                       ("llama.cpp", "speculative")]
     methods = parse_methods(cfg.methods)
-    assert len(methods) == 10  # autoregressive + three on llama.cpp + six on torch q4 / q8
+    assert len(methods) == 11  # autoregressive + three on llama.cpp + seven on torch q4 / q8
     assert {m.engine for m in methods} == {"", "torch-q4", "torch-q8"}
     units = sum(max(len(p.turns), 1) for d in cfg.datasets
                 for p in load_dataset(d, limit=cfg.limit))
