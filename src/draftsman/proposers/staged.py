@@ -47,8 +47,11 @@ class StagedProposer(Proposer):
         self.sub = sub
         self.sub_gamma = sub_gamma
         self.bypass = bypass
-        self.bypasses = bypass is not None
         self.state: ModelState | None = None
+
+    @property
+    def bypasses(self) -> bool:
+        return self.bypass is not None
 
     def use_history(self, history: object | None) -> None:
         self.sub.use_history(history)
@@ -60,7 +63,7 @@ class StagedProposer(Proposer):
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
                 stop_below: float | None = None, room: int = 0,
                 route: Callable[[int, int | None], int] | None = None) -> Proposal:
-        shadow = None
+        shadow = fast = None
         if self.bypass is not None and room > 0:
             fast = self.sub.propose(committed, room, sampler)
             if fast.tokens and match_length(fast) >= self.bypass:
@@ -79,8 +82,14 @@ class StagedProposer(Proposer):
             context = committed + produced
             # a middle verify yields accepted + 1 tokens: do not draft past what is needed
             sub_gamma = min(self.sub_gamma, gamma - len(produced) - 1)
-            sub = (self.sub.propose(context, sub_gamma, sampler) if sub_gamma > 0
-                   else Proposal([], None))
+            if sub_gamma <= 0:
+                sub = Proposal([], None)
+            elif fast is not None and not produced:
+                # the router's guesses for this same context: a model-free drafter's
+                # shorter proposal is their prefix, so it is not asked again
+                sub = Proposal(fast.tokens[:sub_gamma], None)
+            else:
+                sub = self.sub.propose(context, sub_gamma, sampler)
             pending = state.sync(context, final=False)  # `produced` is still a guess
             logits = state.feed(pending + sub.tokens,
                                 logits_at=slice(len(pending) - 1, None)).logits[0]

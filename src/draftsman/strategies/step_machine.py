@@ -164,14 +164,10 @@ class SpeculativeSteps:
         gamma = self.draft_length()
         if not gamma and not self._room:
             return self.take(Proposal([], None))
+        routing = {"room": self._room, "route": self.policy.route} if self._room else {}
         with self.timer("draft"):
-            if self._room:
-                proposal = self.proposer.propose(self.committed, gamma, self.sampler,
-                                                 self.policy.stop_below, room=self._room,
-                                                 route=self.policy.route)
-            else:
-                proposal = self.proposer.propose(self.committed, gamma, self.sampler,
-                                                 self.policy.stop_below)
+            proposal = self.proposer.propose(self.committed, gamma, self.sampler,
+                                             self.policy.stop_below, **routing)
         return self.take(proposal)
 
     def draft_length(self) -> int:
