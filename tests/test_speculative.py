@@ -140,6 +140,59 @@ def test_staged_bypass_identical(models):
     assert bypassed > 0 and cascaded > 0
 
 
+def test_staged_bypass_reads_a_long_lag_only_once_it_pays(models):
+    """A bypassing cascade whose policy never finds the draft's lag worth reading: the draft
+    model never runs (not even on the prompt), steps it wanted are reported `declined`, and
+    the output is still autoregressive decoding's. With the lag affordable, the draft reads
+    the prompt in a forward of its own, timed apart from its guesses."""
+    from draftsman.strategies.gamma import CostModelGamma
+
+    class Never(CostModelGamma):
+        def model_ready(self, behind):
+            return False
+
+    reference = Autoregressive(models["target"])
+    prompt = prompts(1)[0] * 3
+    expected, _ = run(reference, prompt)
+    for policy, drafts in ((Never(), False), (CostModelGamma(), True)):
+        policy.calibrate({n: 1.0 + 0.05 * (n - 1) for n in range(1, 14)}, draft_cost=0.2)
+        proposer = StagedProposer(models["close"], SuffixProposer(), 3, bypass=2)
+        got, steps = run(Speculative(models["target"], proposer, policy), prompt)
+        assert got == expected
+        assert (sum(s.draft_forwards for s in steps) > 0) == drafts
+        if drafts:
+            assert any(s.extra.get("catch_up_seconds", 0) > 0 for s in steps)
+        else:
+            assert proposer.state.fed == [] and any(s.extra.get("declined") for s in steps)
+
+
+def test_cost_policy_rents_before_reading_a_long_lag():
+    """Ski rental: a draft model far behind (the prompt, a long bypassed stretch) may draft
+    only once the savings forgone without it (1 - 1/its tokens per forward, per declined
+    step) reach what reading the lag costs (c x the curve's cost per row at its widest);
+    a lag the curve spans is free; drafting resets the rent; a model that does not pay
+    (γ = 0) is never bought."""
+    from draftsman.strategies.gamma import CostModelGamma, Feedback
+
+    policy = CostModelGamma(max_gamma=8)
+    policy.calibrate({n: 1.0 + 0.05 * (n - 1) for n in range(1, 10)}, draft_cost=0.3)
+    assert policy.gamma > 0 and policy.model_ready(9)
+    lag = 300
+    price = policy.catch_up_cost(lag)
+    assert price == pytest.approx(0.3 * 1.4 * lag / 9)
+    declined = 0
+    while not policy.model_ready(lag):
+        policy.update(Feedback(0, 0, False, 0.0, 0, 0.05, declined=True))
+        declined += 1
+    saving = 1 - 1 / policy._model_rate()
+    assert declined == pytest.approx(price / saving, abs=1)
+    policy.update(Feedback(3, 2, True, 0.03, 3, 0.05))  # the model drafted: caught up
+    assert policy.rent == 0 and not policy.model_ready(lag)
+    policy.gamma = 0  # drafting does not pay: no step forgoes anything
+    policy.update(Feedback(0, 0, False, 0.0, 0, 0.05, declined=True))
+    assert policy.rent == 0
+
+
 def test_draft_equal_to_target_accepts_everything(models):
     spec = speculative(models, DraftModelProposer(models["target"]), 5)
     expected, _ = run(Autoregressive(models["target"]), prompts()[0])

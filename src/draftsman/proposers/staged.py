@@ -13,11 +13,14 @@ before, 0 to draft as usual. Guesses not sent go back as the proposal's `shadow`
 worth is learnt from the committed text either way. Whether to bypass depends only on the
 committed text, so the proposal is a point mass on those guesses and speculative sampling
 with a one-hot q (q = None) keeps the target's distribution. The draft model reads the
-bypassed tokens the next time it drafts.
+bypassed tokens the next time it drafts, and without a bypass the prompt at `start`; with
+one, the prompt too is read only when the model first drafts, and a long lag only once the
+policy's `ready` says it pays (a copied passage never needs the draft at all).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -38,6 +41,7 @@ def match_length(proposal: Proposal) -> int:
 class StagedProposer(Proposer):
     name = "staged"
     uses_model = True
+    read_apart = 32  # a lag of more tokens is read in a forward before drafting, timed apart
 
     def __init__(self, model: DecoderLM, sub: Proposer, sub_gamma: int = 4,
                  bypass: int | None = None) -> None:
@@ -57,24 +61,46 @@ class StagedProposer(Proposer):
         self.sub.use_history(history)
 
     def start(self, prompt_ids: list[int], capacity: int) -> None:
+        """Without a bypass the draft model reads the prompt now, a one-time cost (timed as
+        `draft_setup`) kept out of the cost per guess, as `DraftModelProposer` does."""
         self.state = ModelState(self.model, capacity, extra_rows=self.sub_gamma + 1)
         self.sub.start(prompt_ids, capacity + self.sub_gamma + 1)
+        if self.bypass is None and len(prompt_ids) > 1:
+            self.state.feed(list(prompt_ids[:-1]), logits_at=None)
 
     def propose(self, committed: list[int], gamma: int, sampler: Sampler,
                 stop_below: float | None = None, room: int = 0,
-                route: Callable[[int, int | None], int] | None = None) -> Proposal:
+                route: Callable[[int, int | None, bool], int] | None = None,
+                ready: Callable[[int], bool] | None = None) -> Proposal:
+        """`route(guesses, match, model_may_draft)`: how many free guesses to send (see
+        `CostModelGamma.route`); `ready(behind)`: whether the draft model, `behind` tokens
+        behind `committed`, may draft this step (`CostModelGamma.model_ready`)."""
+        state = self.state
         shadow = fast = None
+        behind = len(state.sync(committed, final=False))
+        may_draft = gamma > 0 and (ready is None or ready(behind))
+        declined = gamma > 0 and not may_draft  # the model path, wanted but too far behind
         if self.bypass is not None and room > 0:
             fast = self.sub.propose(committed, room, sampler)
             if fast.tokens and match_length(fast) >= self.bypass:
                 key = fast.extra.get("match")
-                keep = route(len(fast.tokens), key) if route else len(fast.tokens)
+                n = len(fast.tokens)
+                keep = route(n, key, may_draft) if route else n
+                if declined and route:  # refused only if the model would have beaten them
+                    declined = route(n, key, True) == 0
                 if keep:
-                    return Proposal(fast.tokens[:keep], None, 0, {**fast.extra, "bypass": True})
+                    extra = {**fast.extra, "bypass": True, "declined": declined}
+                    return Proposal(fast.tokens[:keep], None, 0, extra)
                 shadow = (key, fast.tokens)
-        if gamma <= 0:
-            return Proposal([], None, shadow=shadow)
-        state = self.state
+        if not may_draft:
+            return Proposal([], None, shadow=shadow, extra={"declined": declined})
+        catch_up = 0.0
+        if behind > self.read_apart:
+            # a long lag (the prompt, a long bypassed stretch) is read in a forward of its
+            # own, timed apart: the cost per guess the policy learns stays a guess's
+            start = time.perf_counter()
+            state.feed(state.sync(committed, final=False)[:-1], logits_at=None)
+            catch_up = time.perf_counter() - start
         produced: list[int] = []
         rows: list[torch.Tensor] = []
         forwards = sub_forwards = sub_drafted = sub_accepted = sub_rejections = 0
@@ -109,7 +135,8 @@ class StagedProposer(Proposer):
             # the sub's next propose rolls its cache back to `context` by itself
         q = torch.cat(rows)[:gamma] if rows else None
         extra = {"sub_drafted": sub_drafted, "sub_accepted": sub_accepted,
-                 "sub_rejections": sub_rejections, "sub_forwards": sub_forwards}
+                 "sub_rejections": sub_rejections, "sub_forwards": sub_forwards,
+                 "catch_up_seconds": catch_up}
         return Proposal(produced[:gamma], q, forwards, extra, shadow)
 
     def commit(self, committed: list[int]) -> None:

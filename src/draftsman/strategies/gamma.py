@@ -29,6 +29,7 @@ class Feedback:
     verify_seconds: float
     key: int | None = None  # a deterministic drafter's match length (see CostModelGamma.plan)
     free: bool = False  # a cascade's bypass: guesses that cost nothing, learnt per key only
+    declined: bool = False  # a cascade wanted its draft model, too far behind to pay yet
 
 
 class GammaPolicy:
@@ -48,10 +49,15 @@ class GammaPolicy:
         knows better); `free`: guesses that cost no drafting (a cascade's bypass)."""
         return guesses
 
-    def route(self, guesses: int, key: int | None) -> int:
+    def route(self, guesses: int, key: int | None, model: bool = True) -> int:
         """A cascade's free guesses (its sub-drafter's, `key` their match length): how many
-        to verify instead of drafting with the model; 0: draft with the model."""
+        to verify instead of drafting with the model (`model`: whether it may draft this
+        step); 0: draft with the model, or plain decoding where it may not."""
         return guesses
+
+    def model_ready(self, behind: int) -> bool:
+        """Whether a cascade's draft model, `behind` tokens behind the text, may draft now."""
+        return True
 
     def learn_key(self, key: int | None, accepted: int, rejected: bool) -> None:
         """How guesses of match length `key` fared (a step's, or a cascade's unsent ones
@@ -121,6 +127,7 @@ class CostModelGamma(GammaPolicy):
         # guesses, so a match length not seen yet starts from the α of all its free guesses
         self.bypassing = False
         self.free_counts = [prior_alpha * 4, 4.0]
+        self.rent = 0.0  # target forwards forgone since the cascade's draft fell behind
         # Probing a draft *model* after it stopped paying is not free: the draft must first
         # read every token committed since it last ran. The registry turns probes off for
         # model drafters, so "do not speculate" really costs nothing once decided.
@@ -164,10 +171,10 @@ class CostModelGamma(GammaPolicy):
             keep = 1  # never seen: one guess to learn how such matches fare
         return keep
 
-    def route(self, guesses: int, key: int | None) -> int:
+    def route(self, guesses: int, key: int | None, model: bool = True) -> int:
         """Bypass the draft model when the free guesses' expected tokens per unit time (α of
         their match length, the best γ for them at no drafting cost) beat the model path's
-        at its current γ (plain decoding's 1 when that γ is 0)."""
+        at its current γ (plain decoding's 1 when that γ is 0 or the model may not draft)."""
         verify = self.verify_cost
         accepts, trials = self.by_key.get(key, (2 * self._key_prior(), 2.0))
         alpha_key = min(accepts / trials, 0.99)
@@ -175,9 +182,32 @@ class CostModelGamma(GammaPolicy):
         if g == 0:
             return 0
         free = expected_tokens_per_step(alpha_key, g) / verify.get(g + 1, 1.0)
-        drafted = expected_tokens_per_step(self.alpha, self.gamma) / (
-            self.gamma * self.cost + verify.get(self.gamma + 1, 1.0))
-        return g if free >= drafted else 0
+        return g if free >= (self._model_rate() if model else 1.0) else 0
+
+    def _model_rate(self) -> float:
+        """Tokens per target forward of drafting with the model at its current γ."""
+        g = self.gamma
+        return expected_tokens_per_step(self.alpha, g) / (
+            g * self.cost + self.verify_cost.get(g + 1, 1.0))
+
+    def catch_up_cost(self, behind: int) -> float:
+        """Target forwards a draft model spends reading `behind` tokens it has not seen, past
+        what a step's forward reads anyway (as many rows as the verify cost curve spans):
+        the curve's cost per row at its widest, times c, the draft's price of one row (a
+        draft model's curve has the target's shape: the same kernels)."""
+        verify = self.verify_cost
+        if not verify or behind <= max(verify):  # uncalibrated: no price to weigh
+            return 0.0
+        widest = max(verify)
+        return self.cost * verify.get(widest, 1.0) * behind / widest
+
+    def model_ready(self, behind: int) -> bool:
+        """Ski rental for a cascade's draft model: a long lag (the prompt, a long bypassed
+        stretch) is read only once the savings forgone without the model since it fell
+        behind (`rent`) reach what reading it costs. A copied passage then never pays the
+        draft's prefill, while free text buys it after a few plain steps, at most twice what
+        an oracle would have paid."""
+        return self.catch_up_cost(behind) <= self.rent
 
     def learn_key(self, key: int | None, accepted: int, rejected: bool) -> None:
         if key is None:
@@ -200,6 +230,8 @@ class CostModelGamma(GammaPolicy):
             self.trials = m * self.trials + fb.accepted + (1 if fb.rejected else 0)
         if fb.drafted:
             self.learn_key(fb.key, fb.accepted, fb.rejected)
+        if fb.declined:  # a plain step the draft model would have beaten
+            self.rent += max(0.0, 1.0 - 1.0 / self._model_rate())
         if fb.free:
             return  # a cascade's bypass: what such matches are worth, not the draft's α or c
         if fb.drafted:
@@ -209,7 +241,7 @@ class CostModelGamma(GammaPolicy):
                 one_token = fb.verify_seconds / verify.get(fb.drafted + 1, 1.0)
                 c = (fb.draft_seconds / fb.drafted) / one_token
                 self.cost = m * self.cost + (1 - m) * c
-            self.idle = 0
+            self.idle, self.rent = 0, 0.0
         self.gamma = self._best_gamma(self.alpha, self.max_gamma)
         if self.gamma == 0 and self.probe:
             self.idle += 1

@@ -164,7 +164,8 @@ class SpeculativeSteps:
         gamma = self.draft_length()
         if not gamma and not self._room:
             return self.take(Proposal([], None))
-        routing = {"room": self._room, "route": self.policy.route} if self._room else {}
+        routing = {"room": self._room, "route": self.policy.route,
+                   "ready": self.policy.model_ready} if self._room else {}
         with self.timer("draft"):
             proposal = self.proposer.propose(self.committed, gamma, self.sampler,
                                              self.policy.stop_below, **routing)
@@ -283,9 +284,12 @@ class SpeculativeSteps:
         if self.policy is not None:
             verify = seconds["verify"] - forward_seconds + (
                 forward_seconds if cost_seconds is None else cost_seconds)
-            self.policy.update(Feedback(drafted, verdict.accepted, verdict.rejected,
-                                        seconds.get("draft", 0.0), proposal.forwards, verify,
-                                        self._key, free=self._bypass))
+            # a cascade's catch-up read of a long lag is a one-time cost, not a guess's
+            draft = seconds.get("draft", 0.0) - proposal.extra.get("catch_up_seconds", 0.0)
+            self.policy.update(Feedback(drafted, verdict.accepted, verdict.rejected, draft,
+                                        proposal.forwards, verify, self._key,
+                                        free=self._bypass,
+                                        declined=bool(proposal.extra.get("declined"))))
             if proposal.shadow is not None:
                 key, guesses = proposal.shadow
                 self.policy.learn_key(key, *shadow_verdict(guesses, new))
