@@ -115,8 +115,10 @@ def test_bf16_in_bf16_out_is_the_float_result_rounded_once():
 
 def test_bad_shapes_are_one_line_errors():
     rows = random_blocks(Q.Q4_K, 4, 256)
-    with pytest.raises(RuntimeError, match="multiple of 256"):
+    with pytest.raises(RuntimeError, match="whole blocks"):  # half a block of weights
         mm(torch.randn(1, 128), np.ascontiguousarray(rows[:, :72]), Q.Q4_K)
+    with pytest.raises(RuntimeError, match="whole blocks"):  # x wider than the weights
+        mm(torch.randn(1, 512), rows, Q.Q4_K)
     with pytest.raises(RuntimeError, match="bytes"):
         mm(torch.randn(1, 256), rows, Q.Q6_K)
     with pytest.raises(RuntimeError, match="Q4_K or Q6_K"):

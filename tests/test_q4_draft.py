@@ -24,7 +24,7 @@ import draftsman.engine as engine_module
 from draftsman.engine import Engine, LoadedModel
 from draftsman.errors import ModelNotFoundError
 from draftsman.kernels.native import kquant_available
-from draftsman.models.quant_linear import KQuantAmxMatrix, KQuantMatrix, PaddedInput
+from draftsman.models.quant_linear import KQuantAmxMatrix, KQuantMatrix
 from draftsman.models.weight_formats import companion_dtype
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.server.worker import pin_models
@@ -70,20 +70,27 @@ def test_requantised_blocks_are_q4k_as_gguf_reads_them(k):
 
 @needs_kernel
 def test_padded_matrix_computes_the_requantised_weights_batch_invariantly():
+    """K = 320 padded to 512 with zero weights: the kernel takes the 320-wide rows as they
+    are, bitwise what it computes from rows zero-padded to 512 (both kernel paths this CPU
+    runs), close to the float product, and batch invariant."""
     from draftsman.models.quant_linear import requantized_q4k
 
     w = torch.randn(48, 320, generator=torch.Generator().manual_seed(1)) * 0.05
     matrix = requantized_q4k(w)
-    assert isinstance(matrix, PaddedInput) and matrix.width == 512
-    assert isinstance(matrix.inner, KQuantMatrix | KQuantAmxMatrix)
+    assert isinstance(matrix, KQuantMatrix | KQuantAmxMatrix)
     x = torch.randn(17, 320, generator=torch.Generator().manual_seed(2))
     want = x @ requantised(w)[:, :320].T
     got = matrix(x)
     assert got.shape == (17, 48)
+    padded = torch.nn.functional.pad(x, (0, 192))
+    assert torch.equal(got, matrix(padded))
+    assert torch.equal(matrix(x.bfloat16()), matrix(padded.bfloat16()))
     # activations are rounded to int8 per 256 inputs: half a step of each block's largest
     assert (got - want).abs().max() <= 0.02 * want.abs().max()
     for rows in (1, 3, 16):
         assert torch.equal(matrix(x[:rows]), got[:rows])
+    with pytest.raises(RuntimeError, match="kquant"):
+        matrix(x[:, :256])  # a whole block short: not this matrix's input
 
 
 @needs_kernel
@@ -96,7 +103,7 @@ def test_q4_draft_runs_every_matrix_on_q4k_and_stays_close():
                                         "Q4_1 -> Q4_K kernel (requantised)",
                                         "Q4_0 -> Q4_K kernel (requantised)",
                                         "Q8_0 -> Q4_K kernel (requantised)"}
-    kernels = (KQuantMatrix, KQuantAmxMatrix, PaddedInput)
+    kernels = (KQuantMatrix, KQuantAmxMatrix)
     for name, module in draft.named_modules():
         if name.endswith("parts"):
             assert all(isinstance(p, kernels) for p in module), name

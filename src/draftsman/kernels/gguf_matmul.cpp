@@ -418,12 +418,12 @@ at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, in
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "kquant_mm: w must be a contiguous uint8 [N, bytes] tensor");
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  TORCH_CHECK(k % QK == 0, "kquant_mm: K must be a multiple of 256");
-  const int64_t nb = k / QK;
-  const int64_t row_bytes = nb * (qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES);
-  TORCH_CHECK(w.size(1) == row_bytes, "kquant_mm: w rows hold ", w.size(1), " bytes, not ",
-              row_bytes);
-  const std::vector<Q8Block> xq = quantize_rows(x);
+  // K from the weights: x may be narrower than their 256-multiple width (zero-padded weights)
+  const int64_t block_bytes = qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES;
+  const int64_t nb = w.size(1) / block_bytes, row_bytes = w.size(1);
+  TORCH_CHECK(row_bytes == nb * block_bytes && k <= nb * QK && k > (nb - 1) * QK,
+              "kquant_mm: w rows hold ", w.size(1), " bytes, not whole blocks covering K = ", k);
+  const std::vector<Q8Block> xq = quantize_rows(x, nb);
   // results in x's dtype (bf16: rounded to nearest even once, from the float32 sum)
   at::Tensor y = at::empty({m, n}, x.options());
   float* yf = bf16 ? nullptr : y.data_ptr<float>();

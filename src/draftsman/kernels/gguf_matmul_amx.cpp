@@ -9,7 +9,8 @@
 // work is what the record layouts (amx_records.h) are arranged to cut.
 //
 // Weights are repacked once at load (`kquant_pack_amx`, gguf_pack_amx.cpp) into records
-// (amx_records.h).
+// (amx_records.h); the prefetcher, tile configuration and per-row finish are in
+// amx_kquant_parts.h.
 //
 // Per block, activation row m and column n, C_j = sum over sub-block j of x_q[m, k] q[n, k]
 // (exact in int32):
@@ -31,17 +32,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "amx_records.h"
-#include "amx_tiles.h"
-#include "kquant_blocks.h"
-
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__) && \
-    defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
-#define DRAFTSMAN_AMX 1
-#else
-#define DRAFTSMAN_AMX 0
-#endif
+#include "amx_kquant_parts.h"
 
 namespace {
 
@@ -70,100 +61,6 @@ inline void with_vector_rows(int rows, F&& f) {
 }
 
 #if DRAFTSMAN_AMX
-// The record 8 ahead is fetched into L2 a line at a time, spread over the current record's
-// work. A core keeps only ~16 misses in flight (its fill buffers): a burst of a whole
-// record's lines at its start stalled the core until the buffers drained, so the weight
-// stream and the tile work took turns instead of overlapping (an AMX Xeon, 8960 x 1536 Q4_K
-// from memory, 2 threads: 16 rows 0.62-0.78 -> 0.54-0.56 ms, the compute alone 0.41).
-class RecordPrefetch {
- public:
-  RecordPrefetch(const uint8_t* record, int bytes)
-      : next_(reinterpret_cast<const char*>(record) + AHEAD * bytes), end_(next_ + bytes) {}
-  void line() {
-    if (next_ < end_) {
-      _mm_prefetch(next_, _MM_HINT_T1);
-      next_ += 64;
-    }
-  }
-  void rest() {
-    while (next_ < end_) line();
-  }
-
- private:
-  static constexpr int AHEAD = 8;
-  const char* next_;
-  const char* end_;
-};
-
-// The tile configuration of both paths: tmm0/1 the two sums (`rows` x 16 int32), tmm2/3 A
-// (`rows` x 64 int8: 64 k), tmm4-7 B (16 x 64: 64 k x 16 columns in VNNI order), the two
-// operands of two runs of 64 k. Tile state is per thread: each thread configures its own.
-void configure_tiles(int rows) {
-  TileConfig cfg;
-  for (int t = 0; t < 4; ++t) {
-    cfg.rows[t] = static_cast<uint8_t>(rows);
-    cfg.colsb[t] = 64;
-  }
-  for (int t = 4; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
-
-// A Q4_K record's per-column factors, widened for the vector and tile paths: sub-block
-// scales as int32 lanes, the mins of sub-block pairs as int16 pairs, d and dmin as floats.
-struct Q4kScales {
-  __m512i sc[8], mins[4];
-  __m512 d, dmin;
-
-  explicit Q4kScales(const uint8_t* w) {
-    for (int j = 0; j < 8; ++j) {
-      sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + OFF_SC + 16 * j)));
-    }
-    for (int t = 0; t < 4; ++t) {
-      mins[t] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_MIN + 32 * t)));
-    }
-    d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_D)));
-    dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_DMIN)));
-  }
-};
-
-// Row m's share of one Q4_K block, after its integer sums: the same float code for every
-// path, so a row's output depends only on isum, which is exact.
-inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 dmin,
-                           const Q8Block& xb, float* acc) {
-  __m512i msum = _mm512_setzero_si512();
-  for (int t = 0; t < 4; ++t) {
-    int32_t pair;
-    std::memcpy(&pair, xb.psums + 2 * t, 4);  // (psum_2t, psum_2t+1) as two int16
-    msum = _mm512_dpwssd_epi32(msum, mins[t], _mm512_set1_epi32(pair));
-  }
-  const __m512 dx = _mm512_set1_ps(xb.d);
-  const __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum), _mm512_loadu_ps(acc));
-  _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
-}
-
-// Row m's share of one Q6_K block after its exact integer sum, the same for every path.
-inline void q6k_finish_row(__m512i isum, __m512 d, const Q8Block& xb, float* acc) {
-  _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(isum),
-                                        _mm512_loadu_ps(acc)));
-}
-
-// For each of R rows, one vpdpbusd of unpacked weights q0 (sub-block 2p) and q1 (2p + 1)
-// against the row's 4 activations at x (sub-block 2p) and x + half (2p + 1), into c[m][0],
-// c[m][1]; row m's activations start x + m * xstride.
-template <int R>
-inline void rows_dpbusd(const uint8_t* x, int64_t xstride, int half, __m512i q0, __m512i q1,
-                        __m512i (*c)[2]) {
-  for (int m = 0; m < R; ++m) {
-    int32_t lo, hi;
-    std::memcpy(&lo, x + m * xstride, 4);
-    std::memcpy(&hi, x + m * xstride + half, 4);
-    c[m][0] = _mm512_dpbusd_epi32(c[m][0], q0, _mm512_set1_epi32(lo));
-    c[m][1] = _mm512_dpbusd_epi32(c[m][1], q1, _mm512_set1_epi32(hi));
-  }
-}
 
 // One Q4_K block against R < MIN_TILE_ROWS rows (fewer than tiles pay for): each unpacked
 // vector of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
@@ -489,11 +386,12 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
               "kquant_amx_mm: x must be a contiguous float32 or bfloat16 [M, K] tensor");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
               "kquant_amx_mm: packed must come from kquant_pack_amx");
-  const int64_t m = x.size(0), k = x.size(1);
-  TORCH_CHECK(k % QK == 0, "kquant_amx_mm: K must be a multiple of 256");
-  const int64_t nb = k / QK, groups = packed.size(0);
+  const int64_t m = x.size(0), k = x.size(1), groups = packed.size(0);
+  // K from the weights: x may be narrower than their 256-multiple width (zero-padded weights)
   const int rec_bytes = record_bytes(qtype);
-  TORCH_CHECK(packed.size(1) == nb * rec_bytes && n > (groups - 1) * COLS && n <= groups * COLS,
+  const int64_t nb = packed.size(1) / rec_bytes;
+  TORCH_CHECK(packed.size(1) == nb * rec_bytes && k <= nb * QK && k > (nb - 1) * QK &&
+                  n > (groups - 1) * COLS && n <= groups * COLS,
               "kquant_amx_mm: packed holds ", groups, " groups of ", packed.size(1),
               " bytes, not ", n, " rows of width ", k);
   at::Tensor y = at::empty({m, n}, x.options());
@@ -508,7 +406,7 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // of strided streams, slower than unpacking each block once per tile.
   const bool by_block = tiled > TILE_ROWS;
   thread_local std::vector<Q8Block> xs;  // grows only: no allocation or page faults per call
-  quantize_rows_into(x, tiled, by_block, xs);
+  quantize_rows_into(x, tiled, nb, by_block, xs);
   const Q8Block* xdata = xs.data();  // a lambda's `xs` would be its own thread's
   const int64_t row_step = by_block ? 1 : nb, block_step = by_block ? tiled : 1;
   float* yf = bf16 ? nullptr : y.data_ptr<float>();

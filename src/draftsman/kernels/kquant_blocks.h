@@ -149,17 +149,19 @@ inline int q6k_value(const uint8_t* w, int e) {
   return lo4 | (hi2 << 4);
 }
 
-// x [M, K] (float32 or bfloat16) as K / 256 Q8Blocks per row into `out`, row-major (row r's
+// x [M, K] (float32 or bfloat16) as nb Q8Blocks per row into `out`, row-major (row r's
 // block b at r * nb + b) or block-major (at b * rows + r); rows M..rows-1 are zero blocks
-// (d = 0, q = 0, sums 0). Each row is quantised on its own: its blocks never depend on the
+// (d = 0, q = 0, sums 0). A row narrower than the nb * 256 the weights were padded to (K not
+// a multiple of 256, as a 0.5B's 896) is quantised as if padded with zeros: the same blocks
+// as padding it first. Each row is quantised on its own: its blocks never depend on the
 // other rows. `out` only grows, so a caller may keep it across calls.
-inline void quantize_rows_into(const at::Tensor& x, int64_t rows, bool block_major,
+inline void quantize_rows_into(const at::Tensor& x, int64_t rows, int64_t nb, bool block_major,
                                std::vector<Q8Block>& out) {
-  const int64_t m = x.size(0), k = x.size(1), nb = k / QK;
+  const int64_t m = x.size(0), k = x.size(1), width = nb * QK;
   if (static_cast<int64_t>(out.size()) < rows * nb) out.resize(static_cast<size_t>(rows * nb));
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(k));
+    std::vector<float> row(static_cast<size_t>(width), 0.f);  // past k: zeros, never written
     std::vector<Q8Block> scattered(block_major ? static_cast<size_t>(nb) : 0);
     for (int64_t r = begin; r < end; ++r) {
       Q8Block* blocks = block_major ? scattered.data() : out.data() + r * nb;
@@ -170,7 +172,7 @@ inline void quantize_rows_into(const at::Tensor& x, int64_t rows, bool block_maj
         } else {
           std::memcpy(row.data(), x.data_ptr<float>() + r * k, sizeof(float) * k);
         }
-        quantize_row(row.data(), k, blocks);
+        quantize_row(row.data(), width, blocks);
       } else {
         std::fill(blocks, blocks + nb, Q8Block{});
       }
@@ -181,10 +183,10 @@ inline void quantize_rows_into(const at::Tensor& x, int64_t rows, bool block_maj
   });
 }
 
-// Every row of x, row-major.
-inline std::vector<Q8Block> quantize_rows(const at::Tensor& x) {
+// Every row of x, row-major, as nb blocks each.
+inline std::vector<Q8Block> quantize_rows(const at::Tensor& x, int64_t nb) {
   std::vector<Q8Block> out;
-  quantize_rows_into(x, x.size(0), false, out);
+  quantize_rows_into(x, x.size(0), nb, false, out);
   return out;
 }
 

@@ -31,8 +31,8 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in
                  "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp",
                  "attention_amx.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
-                ("kquant_blocks.h", "amx_records.h", "amx_tiles.h", "simd_math.h",
-                 "attention_amx.h"))
+                ("kquant_blocks.h", "amx_records.h", "amx_tiles.h", "amx_kquant_parts.h",
+                 "simd_math.h", "attention_amx.h"))
 _reason: list[str] = []
 
 
