@@ -184,6 +184,33 @@ def test_the_option_reaches_the_draft_and_errors_are_one_line(monkeypatch):
         engine.model("d", None, 3)
 
 
+def test_a_server_keeps_the_default_methods_narrowed_draft_resident():
+    """A recorded default may be a cascade with `draft_vocab`: `serve` loads the draft whole
+    and narrowed at start-up, requests get either, and another width is a one-line 404."""
+    from draftsman.engine import Engine, LoadedModel
+    from draftsman.server.service import ServerSettings, load_resident
+
+    target = ours_from_hf(hf_model("llama", seed=0))
+    loaded = []
+
+    class Counting(Engine):
+        def model(self, spec, dtype=None, vocab=None):
+            loaded.append((spec, vocab))
+            return LoadedModel(spec, None, narrowed(target, [1, 2, 3]) if vocab else target,
+                               None)
+
+    engine = Counting(LoadedModel("t", None, target, None), torch.float32)
+    options = {"subdraft": "suffix", "gamma": "auto", "draft_vocab": 3, "bypass": 1,
+               "draft": "d"}
+    settings = ServerSettings("t", method="staged", options=options, drafts=["d"],
+                              default_draft="d")
+    load_resident(engine, settings)
+    assert ("d", None) in loaded and ("d", 3) in loaded
+    assert isinstance(engine.model("d", None, 3).model.lm_head, VocabSubsetHead)
+    with pytest.raises(DraftsmanError, match="draft_vocab=3, not draft_vocab=5"):
+        engine.model("d", None, 5)
+
+
 def test_sampled_draft_tokens_stay_inside_the_kept_ids(tiny_pair):
     _, draft = tiny_pair
     from draftsman.sampling import Sampler

@@ -67,6 +67,17 @@ class ServerSettings:
     adaptive: bool = True  # the load-adaptive controller chooses gamma=auto guesses
 
 
+def load_resident(engine: Engine, settings: ServerSettings) -> None:
+    """Load the companion models once and pin the engine to them (`pin_models`): each draft
+    whole and as the default method narrows it (a recorded default may be a cascade with
+    `draft_vocab`). Requests never load models."""
+    vocabs = frozenset({None, settings.options.get("draft_vocab")})
+    for spec in settings.drafts:
+        for vocab in vocabs:
+            engine.model(spec, None, vocab)
+    pin_models(engine, settings.drafts, settings.default_draft, vocabs)
+
+
 @dataclass
 class Call:
     """Book-keeping of one HTTP request to a generation endpoint."""
@@ -96,9 +107,7 @@ class Server:
         self.settings = settings
         self.engine_thread = engine_thread
         self.created = now()
-        for spec in settings.drafts:  # resident from now on; requests never load models
-            engine.model(spec)
-        pin_models(engine, settings.drafts, settings.default_draft)
+        load_resident(engine, settings)
         self.context = engine.target.config.max_position_embeddings
         self.max_prompt_tokens = min(settings.max_prompt_tokens or self.context, self.context)
         self.keys = ApiKeys(settings.api_keys)

@@ -328,10 +328,12 @@ class Scheduler:
                         error=error), reply
 
 
-def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> None:
+def pin_models(engine: Engine, drafts: list[str], default_draft: str | None,
+               vocabs: frozenset[int | None] = frozenset({None})) -> None:
     """Freeze the engine's companion models to those loaded at start-up.
 
     After this, a request naming a model that is not resident (`draftsman.draft` = some path)
+    or a `draft_vocab` the drafts were not loaded with (`vocabs`; None: the whole vocabulary)
     gets 404 instead of making the server read or download weights mid-request; a method
     that needs a draft and is given none uses the server's `--draft` (`default_draft`).
     Implemented by shadowing two bound methods on this engine instance only.
@@ -349,10 +351,12 @@ def pin_models(engine: Engine, drafts: list[str], default_draft: str | None) -> 
             raise ModelNotFoundError(
                 f"model {spec!r} is loaded in this server as {engine.companion_dtype()}, "
                 f"not {dtype}")
-        if vocab is not None:
-            raise ModelNotFoundError(f"model {spec!r} is loaded in this server with its whole "
-                                     f"vocabulary, not draft_vocab={vocab}")
-        return load(spec)
+        if vocab not in vocabs:
+            loaded = ", ".join("its whole vocabulary" if v is None else f"draft_vocab={v}"
+                               for v in sorted(vocabs, key=lambda v: -1 if v is None else v))
+            raise ModelNotFoundError(f"model {spec!r} is loaded in this server with {loaded}, "
+                                     f"not draft_vocab={vocab}")
+        return load(spec, None, vocab)
 
     def default() -> str:
         return default_draft if default_draft is not None else fallback()
