@@ -200,7 +200,8 @@ def test_a_server_keeps_the_default_methods_narrowed_draft_resident():
                                None)
 
     engine = Counting(LoadedModel("t", None, target, None), torch.float32)
-    options = {"subdraft": "suffix", "gamma": "auto", "draft_vocab": 3, "bypass": 1,
+    # as a bench record spells them: strings
+    options = {"subdraft": "suffix", "gamma": "auto", "draft_vocab": "3", "bypass": "1",
                "draft": "d"}
     settings = ServerSettings("t", method="staged", options=options, drafts=["d"],
                               default_draft="d")

@@ -71,7 +71,11 @@ def load_resident(engine: Engine, settings: ServerSettings) -> None:
     """Load the companion models once and pin the engine to them (`pin_models`): each draft
     whole and as the default method narrows it (a recorded default may be a cascade with
     `draft_vocab`). Requests never load models."""
-    vocabs = frozenset({None, settings.options.get("draft_vocab")})
+    method, options = settings.method, settings.options
+    if method == DEFAULT:
+        method, options, _ = engine.resolve_method(method, options)
+    narrowed = getattr(method_options(method, options), "draft_vocab", None)
+    vocabs = frozenset({None, narrowed})
     for spec in settings.drafts:
         for vocab in vocabs:
             engine.model(spec, None, vocab)
