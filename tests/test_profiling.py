@@ -36,6 +36,29 @@ def test_a_single_request_measures_to_16_rows_and_a_batch_adds_the_rest(measured
     assert len(measured) == 2  # the merged file is read back whole
 
 
+def test_processes_starting_together_measure_one_at_a_time(measured, monkeypatch):
+    """Two servers started together must not time each other's forwards into their saved
+    curves: the second waits for the first's measurement and reads it."""
+    import threading
+    import time
+
+    slow = profiling.measure_latency
+
+    def measuring(*args, **kwargs):
+        time.sleep(0.2)  # long enough for the other thread to arrive meanwhile
+        return slow(*args, **kwargs)
+
+    monkeypatch.setattr(profiling, "measure_latency", measuring)
+    got: list[dict[int, float]] = []
+    threads = [threading.Thread(target=lambda: got.append(
+        profiling.latency_profile(None, "m", None, rows=4))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(measured) == 1 and got[0] == got[1]
+
+
 def test_a_profile_that_covers_the_rows_is_kept(measured):
     path = profiling.profile_path("m", "fp32", profiling.torch.get_num_threads())
     profiling.save_profile(path, {1: 0.01, 4: 0.02, 32: 0.05}, {"model": "m"})
