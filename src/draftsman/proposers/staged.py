@@ -77,7 +77,8 @@ class StagedProposer(Proposer):
         behind `committed`, may draft this step (`CostModelGamma.model_ready`)."""
         state = self.state
         shadow = fast = None
-        behind = len(state.sync(committed, final=False))
+        pending = state.sync(committed, final=False)  # what the draft has not read
+        behind = len(pending)
         may_draft = gamma > 0 and (ready is None or ready(behind))
         declined = gamma > 0 and not may_draft  # the model path, wanted but too far behind
         if self.bypass is not None and room > 0:
@@ -99,7 +100,7 @@ class StagedProposer(Proposer):
             # a long lag (the prompt, a long bypassed stretch) is read in a forward of its
             # own, timed apart: the cost per guess the policy learns stays a guess's
             start = time.perf_counter()
-            state.feed(state.sync(committed, final=False)[:-1], logits_at=None)
+            state.feed(pending[:-1], logits_at=None)  # sub.propose left the draft as it was
             catch_up = time.perf_counter() - start
         produced: list[int] = []
         rows: list[torch.Tensor] = []
