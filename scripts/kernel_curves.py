@@ -9,8 +9,9 @@ sweep streams the weights from memory, as a decode step does). Kernels are timed
 - int8pack: PyTorch's weight-only int8 (`_weight_int8pack_mm`, bf16 activations);
 - int4pack: PyTorch's weight-only int4 groups of 32 (`_weight_int4pack_mm_for_cpu`);
 - kquant-q4k: draftsman's K-quant kernel on Q4_K blocks (where it builds), its widest vector
-  path (`kquant_isa`); kquant-q4k-avx2 beside it where that is AVX-512, and kquant-q4k-amx
-  (the same blocks repacked for AMX-INT8 tiles) where the CPU has AMX;
+  path (`kquant_isa`); kquant-q4k-avx2 beside it where that is AVX-512, and the same blocks
+  repacked into records of 16 rows where the CPU has AVX-512 VNNI: kquant-q4k-records (VNNI
+  vectors) or, where it has AMX, kquant-q4k-amx (tiles from 6 rows);
 - bf16: a dense bf16 matmul.
 Writes one JSON line per (kernel, k) with the CPU's name and flags.
 
@@ -32,12 +33,12 @@ import numpy as np
 import torch
 
 from draftsman.hardware import cpu_flags, cpu_model
-from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa
+from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, kquant_records
 from draftsman.models.quant_linear import (
     Int4Matrix,
     Int8Matrix,
-    KQuantAmxMatrix,
     KQuantMatrix,
+    KQuantRecordsMatrix,
     OneDnnInt8Matrix,
     decode_int4,
 )
@@ -71,8 +72,8 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
         kernels["kquant-q4k"] = []
         if kquant_isa() != "avx2":
             kernels["kquant-q4k-avx2"] = []
-        if kquant_amx():
-            kernels["kquant-q4k-amx"] = []
+        if kquant_records():  # AMX tiles where kquant_amx
+            kernels["kquant-q4k-amx" if kquant_amx() else "kquant-q4k-records"] = []
     for _ in range(count):
         blocks = q4k_blocks(n, k, rng)
         w = torch.from_numpy(rng.standard_normal((n, k), dtype=np.float32)) * 0.02
@@ -82,8 +83,9 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
         kernels["bf16"].append(torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16))
         if "kquant-q4k" in kernels:
             kernels["kquant-q4k"].append(KQuantMatrix([blocks]))
-        if "kquant-q4k-amx" in kernels:
-            kernels["kquant-q4k-amx"].append(KQuantAmxMatrix([blocks]))
+        for name in ("kquant-q4k-amx", "kquant-q4k-records"):
+            if name in kernels:
+                kernels[name].append(KQuantRecordsMatrix([blocks]))
         if "kquant-q4k-avx2" in kernels:
             rows = kernels["kquant-q4k"][-1].blocks
             kernels["kquant-q4k-avx2"].append(

@@ -27,7 +27,7 @@ from collections import defaultdict
 import torch
 
 from draftsman.models.loader import load_model
-from draftsman.models.quant_linear import KQuantAmxMatrix, KQuantMatrix
+from draftsman.models.quant_linear import KQuantMatrix, KQuantRecordsMatrix
 from draftsman.store.resolve import resolve_gguf, resolve_model
 
 
@@ -53,7 +53,8 @@ def matrix_kinds(model) -> dict[int, str]:
         return [part for part in name.split(".") if not part.isdigit() and part != "parts"][-1]
 
     return {id(m): f"{GGMLQuantizationType(int(m.qtype)).name} {role(name)}"
-            for name, m in model.named_modules() if isinstance(m, KQuantMatrix | KQuantAmxMatrix)}
+            for name, m in model.named_modules()
+            if isinstance(m, KQuantMatrix | KQuantRecordsMatrix)}
 
 
 def by_matrix(model, cache, context: int, rows: list[int], repeats: int,
@@ -62,7 +63,7 @@ def by_matrix(model, cache, context: int, rows: list[int], repeats: int,
     kinds = matrix_kinds(model)
     spent: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     forwards = {}
-    for kind in (KQuantMatrix, KQuantAmxMatrix):
+    for kind in (KQuantMatrix, KQuantRecordsMatrix):
         forwards[kind] = kind.forward
 
         def timed(self, x, _forward=kind.forward):
@@ -107,7 +108,7 @@ def main() -> None:
     model = load_model(resolve_model(a.model, pull=False), a.dtype,
                        gguf=resolve_gguf(a.model, pull=False))
     # the matrices as this CPU runs them: vector paths, or AMX tiles (packed records)
-    kinds = (KQuantMatrix, KQuantAmxMatrix)
+    kinds = (KQuantMatrix, KQuantRecordsMatrix)
     blocks = sum((m.blocks if isinstance(m, KQuantMatrix) else m.packed).numel()
                  for m in model.modules() if isinstance(m, kinds))
     rows = [int(r) for r in a.rows.split(",")]

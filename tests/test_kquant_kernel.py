@@ -16,7 +16,13 @@ from gguf.quants import dequantize
 from test_quant import random_blocks
 
 from draftsman.hardware import cpu_flags
-from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, simd_flags
+from draftsman.kernels.native import (
+    kquant_amx,
+    kquant_available,
+    kquant_isa,
+    kquant_records,
+    simd_flags,
+)
 
 pytestmark = pytest.mark.skipif(not kquant_available(), reason="no C++ compiler here")
 
@@ -138,59 +144,83 @@ def test_fake_kernel_gives_the_real_shape_and_dtype():
     assert fake.shape == real.shape and fake.dtype == real.dtype
 
 
-amx = pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")
+records = pytest.mark.skipif(not kquant_records(),
+                             reason="no AVX-512 VNNI on this CPU: no K-quant records")
+# the records' two paths: VNNI vectors (every CPU with records), AMX tiles from 6 rows
+PATHS = [pytest.param(False, id="vectors"),
+         pytest.param(True, id="tiles", marks=pytest.mark.skipif(
+             not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)"))]
 
 
-def amx_mm(x: torch.Tensor, rows: np.ndarray, qtype: Q) -> torch.Tensor:
-    packed = torch.ops.draftsman.kquant_pack_amx(torch.from_numpy(rows), int(qtype))
-    return torch.ops.draftsman.kquant_amx_mm(x, packed, int(qtype), rows.shape[0])
+def records_mm(x: torch.Tensor, rows: np.ndarray, qtype: Q, tiles: bool) -> torch.Tensor:
+    packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(qtype))
+    return torch.ops.draftsman.kquant_records_mm(x, packed, int(qtype), rows.shape[0], tiles)
 
 
-@amx
+@records
+@pytest.mark.parametrize("tiles", PATHS)
 @pytest.mark.parametrize("qtype", TYPES)
-def test_amx_tiles_compute_the_scalar_paths_sums(qtype):
-    """40 weight rows (two groups of 16 and a padded one), 1..37 activation rows (partial
-    and several tiles of 16), an outlier row, against the scalar path and the reference."""
+def test_records_compute_the_scalar_paths_sums(qtype, tiles):
+    """40 weight rows (two groups of 16 and a padded one), 1..37 activation rows (one vector
+    pass, several passes, partial and several tiles of 16), an outlier row, against the
+    scalar path and the reference."""
     rows = random_blocks(qtype, 40, 768, seed=5)
     x = torch.randn(37, 768)
     x[3] *= 100
     slow = mm(x, rows, qtype, simd=0)
-    for m in (1, 2, 3, 4, 5, 6, 15, 16, 17, 37):  # vectors up to 5 rows, tiles from 6
-        got = amx_mm(x[:m].contiguous(), rows, qtype)
+    for m in (1, 2, 3, 4, 5, 6, 9, 15, 16, 17, 37):  # vectors up to 5 rows, then passes or tiles
+        got = records_mm(x[:m].contiguous(), rows, qtype, tiles)
         torch.testing.assert_close(got, slow[:m], rtol=1e-5,
                                    atol=1e-5 * float(slow[:m].abs().max()))
     want = reference(x, rows, qtype)
-    got = amx_mm(x, rows, qtype).double().numpy()
+    got = records_mm(x, rows, qtype, tiles).double().numpy()
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@amx
+@records
+@pytest.mark.parametrize("tiles", PATHS)
 @pytest.mark.parametrize("qtype", TYPES)
-def test_amx_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype):
-    """1-5 rows take vpdpbusd, 6+ the tiles (17+: several tiles, blocks laid out block-major):
-    the same exact sums, so the same bits."""
-    assert_batch_invariant(amx_mm, qtype, (2, 3, 4, 5, 6, 16, 17, 21, 40), seed=6)
+def test_record_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype, tiles):
+    """1-5 rows take one vpdpbusd pass, more several passes or the tiles (17+: blocks laid
+    out block-major): the same exact sums, so the same bits."""
+    assert_batch_invariant(lambda x, rows, q: records_mm(x, rows, q, tiles), qtype,
+                           (2, 3, 4, 5, 6, 9, 16, 17, 21, 40), seed=6)
 
 
-@amx
+@pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")
 @pytest.mark.parametrize("qtype", TYPES)
-def test_amx_corrupted_weights_change_the_answer_and_bf16_rounds_once(qtype):
+def test_vector_passes_and_tiles_give_the_same_bits(qtype):
+    """A CPU without AMX computes what an AMX CPU computes, bit for bit."""
+    rows = random_blocks(qtype, 40, 768, seed=10)
+    x = torch.randn(21, 768)
+    for m in (6, 16, 21):
+        xm = x[:m].contiguous()
+        assert torch.equal(records_mm(xm, rows, qtype, False), records_mm(xm, rows, qtype, True))
+
+
+@records
+@pytest.mark.parametrize("tiles", PATHS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_records_corrupted_weights_change_the_answer_and_bf16_rounds_once(qtype, tiles):
     rows = random_blocks(qtype, 16, 256, seed=8)
     bad = rows.copy()
     data = slice(16, 144) if qtype == Q.Q4_K else slice(128, 192)  # Q6_K: the high 2 bits
     bad[:, data] = (bad[:, data] >> 4) | (bad[:, data] << 4)  # swap nibbles
-    x = torch.randn(2, 256)
-    assert not torch.allclose(amx_mm(x, rows, qtype), amx_mm(x, bad, qtype), rtol=1e-3)
-    xb = x.bfloat16()
-    assert torch.equal(amx_mm(xb, rows, qtype), amx_mm(xb.float(), rows, qtype).bfloat16())
+    for m in (2, 8):
+        x = torch.randn(m, 256)
+        assert not torch.allclose(records_mm(x, rows, qtype, tiles),
+                                  records_mm(x, bad, qtype, tiles), rtol=1e-3)
+        xb = x.bfloat16()
+        assert torch.equal(records_mm(xb, rows, qtype, tiles),
+                           records_mm(xb.float(), rows, qtype, tiles).bfloat16())
 
 
-@amx
-def test_q4_models_take_the_tiles_on_amx():
-    from draftsman.models.quant_linear import KQuantAmxMatrix, kquant_matrix
+@records
+def test_q4_models_take_the_records_where_the_cpu_has_vnni():
+    from draftsman.models.quant_linear import KQuantRecordsMatrix, kquant_matrix
     from draftsman.store.gguf_blocks import BlockTensor
 
     for qtype in TYPES:
         rows = random_blocks(qtype, 32, 256, seed=9)
-        assert isinstance(kquant_matrix([BlockTensor("w", int(qtype), (32, 256), rows)]),
-                          KQuantAmxMatrix)
+        matrix = kquant_matrix([BlockTensor("w", int(qtype), (32, 256), rows)])
+        assert isinstance(matrix, KQuantRecordsMatrix) and matrix.tiles == kquant_amx()

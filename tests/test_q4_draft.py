@@ -24,7 +24,7 @@ import draftsman.engine as engine_module
 from draftsman.engine import Engine, LoadedModel
 from draftsman.errors import ModelNotFoundError
 from draftsman.kernels.native import kquant_available
-from draftsman.models.quant_linear import KQuantAmxMatrix, KQuantMatrix
+from draftsman.models.quant_linear import KQuantMatrix, KQuantRecordsMatrix
 from draftsman.models.weight_formats import companion_dtype
 from draftsman.proposers.draft_model import DraftModelProposer
 from draftsman.server.worker import pin_models
@@ -77,7 +77,7 @@ def test_padded_matrix_computes_the_requantised_weights_batch_invariantly():
 
     w = torch.randn(48, 320, generator=torch.Generator().manual_seed(1)) * 0.05
     matrix = requantized_q4k(w)
-    assert isinstance(matrix, KQuantMatrix | KQuantAmxMatrix)
+    assert isinstance(matrix, KQuantMatrix | KQuantRecordsMatrix)
     x = torch.randn(17, 320, generator=torch.Generator().manual_seed(2))
     want = x @ requantised(w)[:, :320].T
     got = matrix(x)
@@ -103,7 +103,7 @@ def test_q4_draft_runs_every_matrix_on_q4k_and_stays_close():
                                         "Q4_1 -> Q4_K kernel (requantised)",
                                         "Q4_0 -> Q4_K kernel (requantised)",
                                         "Q8_0 -> Q4_K kernel (requantised)"}
-    kernels = (KQuantMatrix, KQuantAmxMatrix)
+    kernels = (KQuantMatrix, KQuantRecordsMatrix)
     for name, module in draft.named_modules():
         if name.endswith("parts"):
             assert all(isinstance(p, kernels) for p in module), name

@@ -215,10 +215,10 @@ def use_path(monkeypatch, path: str) -> None:
     if path == "packed":
         monkeypatch.setattr(quant_linear, "kquant_available", lambda: False)
     if path == "native-vector":
-        monkeypatch.setattr(quant_linear, "kquant_amx", lambda: False)
+        monkeypatch.setattr(quant_linear, "kquant_records", lambda: False)
 
 
-NATIVE = "KQuantAmxMatrix" if quant_linear.kquant_amx() else "KQuantMatrix"
+NATIVE = "KQuantRecordsMatrix" if quant_linear.kquant_records() else "KQuantMatrix"
 INT8 = "OneDnnInt8Matrix" if int8_kernel() == "onednn" else "Int8Matrix"
 INT8_TOLERANCE = 0.05 if int8_kernel() == "onednn" else 0.02
 PATHS = {"native": ([NATIVE, NATIVE], "Q4_K -> Q4_K kernel (as stored)",

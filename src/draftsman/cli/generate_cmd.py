@@ -18,6 +18,7 @@ from draftsman.kernels.native import (
     kquant_amx,
     kquant_available,
     kquant_isa,
+    kquant_records,
     unavailable_reason,
 )
 from draftsman.models.static_step import StaticConfig
@@ -180,7 +181,8 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
         paths = ", ".join(f"{n} {kind}" for kind, n in summary.items())
         print(f"weights: {paths}", file=sys.stderr)
         if any(k.endswith("kernel (as stored)") for k in summary):
-            path = "AMX-INT8 tiles" if kquant_amx() else kquant_isa()
+            path = ("records of 16 rows on AMX-INT8 tiles" if kquant_amx() else
+                    "records of 16 rows on AVX-512 VNNI" if kquant_records() else kquant_isa())
             print(f"kernel: K-quant blocks on {path}", file=sys.stderr)
         if getattr(engine.target.model, "fused_cpu_ops", False):
             tiles = " (bf16 attention on AMX-BF16 tiles)" if attention_amx() else ""

@@ -1,5 +1,5 @@
 // What the AMX kernels share: Linux's permission to use the tiles, and the tile
-// configuration record (kernels/gguf_matmul_amx.cpp, kernels/attention_amx.cpp).
+// configuration record (kernels/gguf_matmul_records.cpp, kernels/attention_amx.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // What the K-quant kernels share: the GGUF block constants and the int8 activation blocks
-// every path multiplies against (kernels/gguf_matmul.cpp, kernels/gguf_matmul_amx.cpp).
+// every path multiplies against (kernels/gguf_matmul.cpp, kernels/gguf_matmul_records.cpp).
 #pragma once
 
 #include <ATen/Parallel.h>

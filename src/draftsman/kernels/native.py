@@ -27,11 +27,11 @@ from draftsman.store.home import draftsman_home
 # one library: the K-quant matrix products (vector paths, AMX tiles) and the small ops around
 # them in a decode step; HEADERS are part of the build's key
 SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("gguf_matmul.cpp", "gguf_matmul_amx.cpp", "gguf_pack_amx.cpp",
+                ("gguf_matmul.cpp", "gguf_matmul_records.cpp", "gguf_pack_records.cpp",
                  "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp",
                  "attention_amx.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
-                ("kquant_blocks.h", "amx_records.h", "amx_tiles.h", "amx_kquant_parts.h",
+                ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
                  "simd_math.h", "attention_amx.h"))
 _reason: list[str] = []
 
@@ -117,8 +117,8 @@ def _load() -> bool:
         return False
     # shapes without running the kernel, for torch.compile's tracing
     torch.library.register_fake("draftsman::kquant_mm")(_kquant_mm_fake)
-    torch.library.register_fake("draftsman::kquant_amx_mm")(
-        lambda x, packed, qtype, n: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("draftsman::kquant_records_mm")(
+        lambda x, packed, qtype, n, tiles: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("draftsman::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
     torch.library.register_fake("draftsman::silu_mul")(
         lambda gu: gu.new_empty((gu.shape[0], gu.shape[1] // 2)))
@@ -165,11 +165,25 @@ def simd_built() -> bool:
 
 
 @cache
+def kquant_records() -> bool:
+    """Whether K-quant matrices run repacked into records of 16 weight rows here
+    (`draftsman::kquant_records_mm`): the build has AVX-512 VNNI (every activation row meets
+    a record's 16 columns in vector lanes; AMX tiles besides where `kquant_amx`).
+    DRAFTSMAN_KQUANT_RECORDS=0 turns it off (to measure the per-row paths on the same CPU)."""
+    if os.environ.get("DRAFTSMAN_KQUANT_RECORDS", "1") == "0" or not kquant_available():
+        return False
+    import ctypes
+
+    return bool(ctypes.CDLL(str(library_path())).draftsman_kquant_records())
+
+
+@cache
 def kquant_amx() -> bool:
-    """Whether K-quant matrices run on AMX-INT8 tiles here (`draftsman::kquant_amx_mm`): the
-    build has them (an AMX CPU) and Linux granted the tile state. DRAFTSMAN_KQUANT_AMX=0
-    turns it off (to measure the vector paths on the same CPU)."""
-    if os.environ.get("DRAFTSMAN_KQUANT_AMX", "1") == "0" or not kquant_available():
+    """Whether K-quant records take AMX-INT8 tiles from 6 rows here: the build has them (an AMX
+    CPU) and Linux granted the tile state. DRAFTSMAN_KQUANT_AMX=0 turns the tiles off (the
+    records' vector path, as on an AVX-512 VNNI CPU without AMX); DRAFTSMAN_KQUANT_RECORDS=0
+    the records too."""
+    if os.environ.get("DRAFTSMAN_KQUANT_AMX", "1") == "0" or not kquant_records():
         return False
     import ctypes
 

@@ -45,7 +45,12 @@ import torch
 from torch import nn
 
 from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedError
-from draftsman.kernels.native import kquant_amx, kquant_available, unavailable_reason
+from draftsman.kernels.native import (
+    kquant_amx,
+    kquant_available,
+    kquant_records,
+    unavailable_reason,
+)
 from draftsman.models.base import DecoderLM
 from draftsman.models.draft_vocab import VocabSubsetHead
 from draftsman.models.llama import FUSED_LINEARS
@@ -165,28 +170,32 @@ class KQuantMatrix(nn.Module):
         return torch.ops.draftsman.kquant_mm(x, self.blocks, self.qtype)  # in x's dtype
 
 
-class KQuantAmxMatrix(nn.Module):
-    """Q4_K or Q6_K rows repacked once into groups of 16 for AMX-INT8 tiles
-    (`draftsman::kquant_amx_mm`, kernels/gguf_matmul_amx.cpp): the same integer sums as
-    KQuantMatrix, 16 activation rows x 16 weight rows x one sub-block per instruction, so
-    verifying many rows costs little more than one. Batch invariant like every kernel here."""
+class KQuantRecordsMatrix(nn.Module):
+    """Q4_K or Q6_K rows repacked once into records of 16 (`draftsman::kquant_records_mm`,
+    kernels/gguf_matmul_records.cpp): the same integer sums as KQuantMatrix, each record
+    read once for every activation row, 16 columns a vpdpbusd (AVX-512 VNNI) and, where
+    `tiles` (AMX), 16 rows x 16 columns x 64 k a tile multiply, so verifying many rows
+    costs little more than one. Batch invariant like every kernel here."""
 
     def __init__(self, blocks: list[BlockTensor]) -> None:
         super().__init__()
         rows = block_rows(blocks)
         self.qtype = blocks[0].qtype
-        self.register_buffer("packed", torch.ops.draftsman.kquant_pack_amx(rows, self.qtype))
+        self.register_buffer("packed", torch.ops.draftsman.kquant_pack_records(rows, self.qtype))
         self.out_features = rows.shape[0]
+        self.tiles = kquant_amx()
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        if not kquant_amx():
-            raise UnsupportedError("this process cannot run AMX tiles (kquant_amx is False)")
+        if not kquant_records() or (self.tiles and not kquant_amx()):
+            raise UnsupportedError("this process cannot run the K-quant records "
+                                   f"({'AMX tiles' if self.tiles else 'AVX-512 VNNI'} off)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in (torch.float32, torch.bfloat16):
             return self(x.float()).to(x.dtype)
-        return torch.ops.draftsman.kquant_amx_mm(x, self.packed, self.qtype, self.out_features)
+        return torch.ops.draftsman.kquant_records_mm(x, self.packed, self.qtype,
+                                                     self.out_features, self.tiles)
 
 
 def requantized_q4k(w: torch.Tensor) -> nn.Module:
@@ -199,9 +208,10 @@ def requantized_q4k(w: torch.Tensor) -> nn.Module:
 
 
 def kquant_matrix(blocks: list[BlockTensor]) -> nn.Module:
-    """K-quant blocks on AMX tiles where this CPU has them (native.kquant_amx), else on the
-    vector paths."""
-    return KQuantAmxMatrix(blocks) if kquant_amx() else KQuantMatrix(blocks)
+    """K-quant blocks repacked into records where this CPU has AVX-512 VNNI
+    (native.kquant_records; AMX tiles too where native.kquant_amx), else as the GGUF stores
+    them on the per-row paths (AVX2, scalar)."""
+    return KQuantRecordsMatrix(blocks) if kquant_records() else KQuantMatrix(blocks)
 
 
 class Int4Matrix(nn.Module):

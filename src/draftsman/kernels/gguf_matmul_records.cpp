@@ -1,16 +1,19 @@
-// y = x W^T for Q4_K and Q6_K matrices on AMX-INT8 tiles (Sapphire Rapids and later Xeons).
+// y = x W^T for Q4_K and Q6_K matrices repacked once at load into records of 16 weight rows
+// (`kquant_pack_records`, gguf_pack_records.cpp; layout in kquant_records.h), on AVX-512
+// VNNI vectors and, where the CPU has them, AMX-INT8 tiles.
 //
-// The vector paths (gguf_matmul.cpp) take one weight row at a time and spend a few
-// instructions per 64 weights per activation row, so verifying 16 rows costs ~3 single-row
-// forwards. A tile multiply takes 16 activation rows x 16 weight rows x 64 weights in one
-// instruction; the sub-block scales are folded into the weights as they are unpacked, so
-// that two tile sums per block give each row's exact integer. Past the tiles, 16 rows are
-// compute-bound on the vector work around them (unpacking, scales), not on the tiles: that
-// work is what the record layouts (amx_records.h) are arranged to cut.
-//
-// Weights are repacked once at load (`kquant_pack_amx`, gguf_pack_amx.cpp) into records
-// (amx_records.h); the prefetcher, tile configuration and per-row finish are in
-// amx_kquant_parts.h.
+// The per-row paths (gguf_matmul.cpp) take one weight row at a time and spend a few
+// instructions per 64 weights per activation row plus a horizontal sum, so verifying 16 rows
+// costs ~3 single-row forwards. Here a record puts 16 weight rows (columns) side by side:
+// one vpdpbusd multiplies 4 k of all 16 columns by one activation row's 4 bytes, each
+// column in its own int32 lane, so nothing is summed across lanes and a record read from
+// memory once serves every activation row while it sits in L1. A tile multiply (AMX) takes
+// 16 activation rows x 16 columns x 64 k in one instruction; the sub-block scales are
+// folded into the weights as they are unpacked, so that two tile sums per block give each
+// row's exact integer. Past the tiles, 16 rows are compute-bound on the vector work around
+// them (unpacking, scales), not on the tiles: that work is what the record layout is
+// arranged to cut. The prefetcher, tile configuration and per-row finish are in
+// kquant_records_parts.h.
 //
 // Per block, activation row m and column n, C_j = sum over sub-block j of x_q[m, k] q[n, k]
 // (exact in int32):
@@ -32,7 +35,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "amx_kquant_parts.h"
+#include "kquant_records_parts.h"
 
 namespace {
 
@@ -60,7 +63,16 @@ inline void with_vector_rows(int rows, F&& f) {
   }
 }
 
-#if DRAFTSMAN_AMX
+// Without tiles (an AVX-512 VNNI CPU without AMX, or DRAFTSMAN_KQUANT_AMX=0 asking for the
+// vectors), more rows than one vector pass takes are split into passes of at most
+// MIN_TILE_ROWS - 1, as even as they go (16 rows: 4 x 4), each block's record passing every
+// pass while it sits in L1: the record is read from memory once, unpacked once per pass.
+inline int vector_pass_rows(int rows) {
+  const int passes = (rows + MIN_TILE_ROWS - 2) / (MIN_TILE_ROWS - 1);
+  return (rows + passes - 1) / passes;
+}
+
+#if DRAFTSMAN_RECORDS
 
 // One Q4_K block against R < MIN_TILE_ROWS rows (fewer than tiles pay for): each unpacked
 // vector of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
@@ -94,6 +106,7 @@ inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
   for (int m = 0; m < R; ++m) q4k_finish_row(isum[m], mins, d, dmin, xb[m * row_step], acc + COLS * m);
 }
 
+#if DRAFTSMAN_AMX
 // C0 = sum_k x_q B0, C1 = sum_k x_q B1 over one 256-k block for one tile of activation rows
 // (xq: the tile's first row, rows xstride bytes apart), stored to cbuf[0], cbuf[1]; b0[c],
 // b1[c]: the B operands of k 64c..64c+63. Signed weights (Q6_K's split products) or unsigned
@@ -187,6 +200,8 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
   }
 }
 
+#endif
+
 // One group of 16 Q4_K weight rows against R < MIN_TILE_ROWS activation rows, on vectors
 // (q4k_block_vectors): one function per R, so that each gets its own registers.
 template <int R>
@@ -203,9 +218,32 @@ void q4k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
   }
 }
 
+// The same against any number of rows, in passes of vector_pass_rows(rows) per block.
+void q4k_group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+                      int rows, float* acc) {
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
+  const int pass = vector_pass_rows(rows);
+  for (int64_t b = 0; b < nb; ++b, w += RECORD) {
+    RecordPrefetch ahead(w, RECORD);
+    const Q4kScales s(w);
+    for (int m0 = 0; m0 < rows; m0 += pass) {
+      const Q8Block* xb = x + b * block_step + m0 * row_step;
+      with_vector_rows(std::min(pass, rows - m0), [&](auto r) {
+        q4k_block_vectors<decltype(r)::value>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q),
+                                              xstride, s.sc, s.mins, s.d, s.dmin, xb, row_step,
+                                              acc + COLS * m0, ahead);
+      });
+    }
+    ahead.rest();
+  }
+}
+
 void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-               int rows, float* acc) {
-  if (rows >= MIN_TILE_ROWS) return q4k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
+               int rows, bool tiles, float* acc) {
+#if DRAFTSMAN_AMX
+  if (tiles) return q4k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
+#endif
+  if (rows >= MIN_TILE_ROWS) return q4k_group_passes(w, x, nb, row_step, block_step, rows, acc);
   with_vector_rows(rows, [&](auto r) {
     q4k_group_vectors<decltype(r)::value>(w, x, nb, row_step, block_step, acc);
   });
@@ -298,6 +336,26 @@ void q6k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
   }
 }
 
+// The same against any number of rows, in passes, as q4k_group_passes.
+void q6k_group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+                      int rows, float* acc) {
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
+  const int pass = vector_pass_rows(rows);
+  for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
+    RecordPrefetch ahead(w, Q6_RECORD);
+    const Q6kScales s(w);
+    for (int m0 = 0; m0 < rows; m0 += pass) {
+      const Q8Block* xb = x + b * block_step + m0 * row_step;
+      with_vector_rows(std::min(pass, rows - m0), [&](auto r) {
+        q6k_block_vectors<decltype(r)::value>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q),
+                                              xstride, s.sc, s.d, xb, row_step, acc + COLS * m0, ahead);
+      });
+    }
+    ahead.rest();
+  }
+}
+
+#if DRAFTSMAN_AMX
 // 64 weights of one Q6_K sub-block (q in 0..63, 4 k of each column per 32-bit lane) times
 // the column's scale, v = (q - 32) sc (|v| <= 4096, in 16 bits: scw holds the scale in both
 // halves of the lane), as two byte operands v = 128 H + L (H = v >> 7 in [-32, 32],
@@ -361,9 +419,14 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
   }
 }
 
+#endif
+
 void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-               int rows, float* acc) {
-  if (rows >= MIN_TILE_ROWS) return q6k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
+               int rows, bool tiles, float* acc) {
+#if DRAFTSMAN_AMX
+  if (tiles) return q6k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
+#endif
+  if (rows >= MIN_TILE_ROWS) return q6k_group_passes(w, x, nb, row_step, block_step, rows, acc);
   with_vector_rows(rows, [&](auto r) {
     q6k_group_vectors<decltype(r)::value>(w, x, nb, row_step, block_step, acc);
   });
@@ -378,28 +441,33 @@ bool amx_available() {
 #endif
 }
 
-at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n) {
-  TORCH_CHECK(amx_available(), "kquant_amx_mm: this build or CPU has no AMX-INT8 tiles");
-  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_amx_mm: qtype must be Q4_K or Q6_K");
+bool records_available() { return DRAFTSMAN_RECORDS != 0; }
+
+// tiles: whether 6 or more rows take AMX tiles (false: vectors only, as a CPU without AMX)
+at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
+                         bool use_tiles) {
+  TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has no AVX-512 VNNI");
+  TORCH_CHECK(!use_tiles || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_records_mm: qtype must be Q4_K or Q6_K");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.dim() == 2 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(),
-              "kquant_amx_mm: x must be a contiguous float32 or bfloat16 [M, K] tensor");
+              "kquant_records_mm: x must be a contiguous float32 or bfloat16 [M, K] tensor");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
-              "kquant_amx_mm: packed must come from kquant_pack_amx");
+              "kquant_records_mm: packed must come from kquant_pack_records");
   const int64_t m = x.size(0), k = x.size(1), groups = packed.size(0);
   // K from the weights: x may be narrower than their 256-multiple width (zero-padded weights)
   const int rec_bytes = record_bytes(qtype);
   const int64_t nb = packed.size(1) / rec_bytes;
   TORCH_CHECK(packed.size(1) == nb * rec_bytes && k <= nb * QK && k > (nb - 1) * QK &&
                   n > (groups - 1) * COLS && n <= groups * COLS,
-              "kquant_amx_mm: packed holds ", groups, " groups of ", packed.size(1),
+              "kquant_records_mm: packed holds ", groups, " groups of ", packed.size(1),
               " bytes, not ", n, " rows of width ", k);
   at::Tensor y = at::empty({m, n}, x.options());
-#if DRAFTSMAN_AMX
+#if DRAFTSMAN_RECORDS
   // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
-  const bool tiles = m >= MIN_TILE_ROWS;
+  const bool tiles = use_tiles && m >= MIN_TILE_ROWS;
   const int64_t tiled = m > TILE_ROWS ? (m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : m;
-  const int tile_rows = static_cast<int>(std::min<int64_t>(m, TILE_ROWS));
+  [[maybe_unused]] const int tile_rows = static_cast<int>(std::min<int64_t>(m, TILE_ROWS));
   // Many tiles: blocks laid out block-major (row m's block b at b * tiled + m), so that the
   // rows every tile reads for one block are one contiguous run the prefetcher follows;
   // row-major, a prompt's rows of a wide matrix (35 blocks of 292 bytes each) were hundreds
@@ -415,7 +483,9 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // Each group of 16 output columns is one thread's work: every tile of activation rows
   // passes each of its blocks as it is unpacked.
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+#if DRAFTSMAN_AMX
     if (tiles) configure_tiles(tile_rows);
+#endif
     thread_local std::vector<float> buf;  // grows only, as xs; rows 64-byte aligned
     if (static_cast<int64_t>(buf.size()) < (tiled + 1) * COLS) buf.resize(static_cast<size_t>((tiled + 1) * COLS));
     float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
@@ -424,9 +494,9 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
       const uint8_t* wg = wp + g * nb * rec_bytes;
       std::fill(acc, acc + tiled * COLS, 0.f);
       if (qtype == TYPE_Q4_K) {
-        q4k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
+        q4k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
       } else {
-        q6k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
+        q6k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
       }
       const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
       for (int64_t r = 0; r < m; ++r) {
@@ -438,7 +508,9 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
         }
       }
     }
+#if DRAFTSMAN_AMX
     if (tiles) _tile_release();
+#endif
   });
 #endif
   return y;
@@ -447,12 +519,16 @@ at::Tensor kquant_amx_mm(const at::Tensor& x, const at::Tensor& packed, int64_t 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
-  m.def("kquant_amx_mm(Tensor x, Tensor packed, int qtype, int n) -> Tensor");
+  // tiles: whether 6 or more rows take AMX tiles (False: VNNI vectors, as without AMX)
+  m.def("kquant_records_mm(Tensor x, Tensor packed, int qtype, int n, bool tiles) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
-  m.impl("kquant_amx_mm", &kquant_amx_mm);
+  m.impl("kquant_records_mm", &kquant_records_mm);
 }
 
 // Whether K-quant matrices can run on AMX tiles here: built with AMX-INT8 and granted by Linux.
 extern "C" int draftsman_kquant_amx() { return amx_available() ? 1 : 0; }
+
+// Whether they can run on records at all here: built with AVX-512 VNNI.
+extern "C" int draftsman_kquant_records() { return records_available() ? 1 : 0; }

@@ -1,4 +1,4 @@
-// The small pieces of the AMX K-quant kernel (gguf_matmul_amx.cpp): the weight prefetcher,
+// The small pieces of the AMX K-quant kernel (gguf_matmul_records.cpp): the weight prefetcher,
 // the tile configuration, a Q4_K record's widened scales, the per-row finish of a block and
 // the vpdpbusd step of the few-row path. Shared by its Q4_K and Q6_K paths.
 #pragma once
@@ -6,19 +6,25 @@
 #include <cstdint>
 #include <cstring>
 
-#include "amx_records.h"
+#include "kquant_records.h"
 #include "amx_tiles.h"
 #include "kquant_blocks.h"
 
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__) && \
-    defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// The records' vector path needs AVX-512 with VNNI (Ice Lake and later Xeons, Zen 4 and
+// later EPYCs); their tile path AMX-INT8 besides (Sapphire Rapids and later Xeons).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include <immintrin.h>
+#define DRAFTSMAN_RECORDS 1
+#else
+#define DRAFTSMAN_RECORDS 0
+#endif
+#if DRAFTSMAN_RECORDS && defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #define DRAFTSMAN_AMX 1
 #else
 #define DRAFTSMAN_AMX 0
 #endif
 
-#if DRAFTSMAN_AMX
+#if DRAFTSMAN_RECORDS
 namespace draftsman_amx {
 
 using draftsman_kquant::Q8Block;
@@ -51,6 +57,7 @@ class RecordPrefetch {
 // The tile configuration of both paths: tmm0/1 the two sums (`rows` x 16 int32), tmm2/3 A
 // (`rows` x 64 int8: 64 k), tmm4-7 B (16 x 64: 64 k x 16 columns in VNNI order), the two
 // operands of two runs of 64 k. Tile state is per thread: each thread configures its own.
+#if DRAFTSMAN_AMX
 inline void configure_tiles(int rows) {
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) {
@@ -63,6 +70,7 @@ inline void configure_tiles(int rows) {
   }
   _tile_loadconfig(&cfg);
 }
+#endif
 
 // A Q4_K record's per-column factors, widened for the vector and tile paths: sub-block
 // scales as int32 lanes, the mins of sub-block pairs as int16 pairs, d and dmin as floats.

@@ -1,4 +1,4 @@
-// Repacks K-quant weight rows into AMX records (amx_records.h), once at load.
+// Repacks K-quant weight rows into AMX records (kquant_records.h), once at load.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "amx_records.h"
+#include "kquant_records.h"
 #include "kquant_blocks.h"
 
 namespace {
@@ -42,12 +42,12 @@ void pack_q6k(const uint8_t* blk, int c, uint8_t* rec) {
   }
 }
 
-at::Tensor kquant_pack_amx(const at::Tensor& w, int64_t qtype) {
-  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_pack_amx: qtype must be Q4_K or Q6_K");
+at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_pack_records: qtype must be Q4_K or Q6_K");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
-              "kquant_pack_amx: w must be a contiguous uint8 [N, bytes] tensor of K-quant rows");
+              "kquant_pack_records: w must be a contiguous uint8 [N, bytes] tensor of K-quant rows");
   const int64_t block = qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES;
-  TORCH_CHECK(w.size(1) % block == 0, "kquant_pack_amx: rows of ", w.size(1),
+  TORCH_CHECK(w.size(1) % block == 0, "kquant_pack_records: rows of ", w.size(1),
               " bytes are not whole blocks");
   const int64_t n = w.size(0), nb = w.size(1) / block, groups = (n + COLS - 1) / COLS;
   const int rec_bytes = record_bytes(qtype);
@@ -76,9 +76,9 @@ at::Tensor kquant_pack_amx(const at::Tensor& w, int64_t qtype) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
-  m.def("kquant_pack_amx(Tensor w, int qtype) -> Tensor");
+  m.def("kquant_pack_records(Tensor w, int qtype) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
-  m.impl("kquant_pack_amx", &kquant_pack_amx);
+  m.impl("kquant_pack_records", &kquant_pack_records);
 }

@@ -1,7 +1,7 @@
-// The record layout of K-quant weights repacked for AMX tiles (gguf_pack_amx.cpp writes it,
-// gguf_matmul_amx.cpp reads it).
+// The record layout of K-quant weights repacked for AMX tiles (gguf_pack_records.cpp writes it,
+// gguf_matmul_records.cpp reads it).
 //
-// Weights are repacked once at load (`kquant_pack_amx`) into groups of 16 weight rows, each
+// Weights are repacked once at load (`kquant_pack_records`) into groups of 16 weight rows, each
 // 256-wide block of a group in one record. B operands are in AMX's VNNI layout: K/4 rows of
 // 16 columns x 4 consecutive weights. Q4_K, 2368 bytes (2.8% more than the 16 blocks):
 //   [0, 32)      d, f16 x 16 columns

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""ms per 8960 x 1536 Q4_K (or Q6_K) matrix on the AMX kernel (`kquant_amx_mm`), from memory
-and from cache: an A/B of two builds is this script run at each commit in turn, a few times.
+"""ms per 8960 x 1536 Q4_K (or Q6_K) matrix on the records kernel (`kquant_records_mm`), from
+memory and from cache: an A/B of two builds is this script run at each commit in turn, a few times.
 
-    scripts/amx_kernel_time.py --rows 1,16 [--qtype q6_k]
+    scripts/records_kernel_time.py --rows 1,16 [--qtype q6_k]
+    DRAFTSMAN_KQUANT_AMX=0 scripts/records_kernel_time.py   # the vector path on an AMX CPU
 
 "from memory": 24 distinct matrices per sweep (more than the caches hold, as a decode step
 streams its weights); "from cache": one matrix 24 times (the kernel's compute alone).
-Medians of `--repeats` sweeps. Needs a CPU with AMX-INT8.
+Medians of `--repeats` sweeps. Needs a CPU with AVX-512 VNNI (tiles where it has AMX-INT8).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_curves import q4k_blocks, q6k_blocks  # noqa: E402
 
-from draftsman.kernels.native import kquant_amx  # noqa: E402
-from draftsman.models.quant_linear import KQuantAmxMatrix  # noqa: E402
+from draftsman.kernels.native import kquant_records  # noqa: E402
+from draftsman.models.quant_linear import KQuantRecordsMatrix  # noqa: E402
 
 
 def sweep(mats: list, x: torch.Tensor) -> float:
@@ -43,13 +44,13 @@ def main() -> int:
     p.add_argument("--qtype", choices=("q4_k", "q6_k"), default="q4_k",
                    help="the weights' block type")
     a = p.parse_args()
-    if not kquant_amx():
-        print("this CPU or build has no AMX-INT8 tiles", file=sys.stderr)
+    if not kquant_records():
+        print("this CPU or build has no AVX-512 VNNI: no K-quant records", file=sys.stderr)
         return 2
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
     blocks = q4k_blocks if a.qtype == "q4_k" else q6k_blocks
-    mats = [KQuantAmxMatrix([blocks(8960, 1536, rng)]) for _ in range(24)]
+    mats = [KQuantRecordsMatrix([blocks(8960, 1536, rng)]) for _ in range(24)]
     print("| rows | from memory ms | from cache ms |\n|---|---|---|")
     for rows in (int(r) for r in a.rows.split(",")):
         x = torch.randn(rows, 1536, dtype=torch.bfloat16)
