@@ -74,17 +74,50 @@ inline int vector_pass_rows(int rows) {
 
 #if DRAFTSMAN_RECORDS
 
+// The nibbles of Q4_K sub-blocks 2p (q0) and 2p + 1 (q1), k-row r of their VNNI layout in a
+// record, unpacked in registers as they are used.
+struct Q4kRecord {
+  const uint8_t* w;
+  void operator()(int p, int r, __m512i* q0, __m512i* q1) const {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
+    *q0 = _mm512_and_si512(v, low4);
+    *q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+};
+
+// The same from a record's nibbles unpacked once into bytes (4 KiB, L1), [p][q0, q1][r][64]:
+// several passes of rows over one block then pay loads instead of the unpacking each.
+struct Q4kUnpacked {
+  uint8_t* u;
+  void unpack(const uint8_t* w) {
+    for (int p = 0; p < 4; ++p) {
+      for (int r = 0; r < 8; ++r) {
+        __m512i q0, q1;
+        Q4kRecord{w}(p, r, &q0, &q1);
+        _mm512_store_si512(u + 1024 * p + 64 * r, q0);
+        _mm512_store_si512(u + 1024 * p + 512 + 64 * r, q1);
+      }
+    }
+  }
+  void operator()(int p, int r, __m512i* q0, __m512i* q1) const {
+    *q0 = _mm512_load_si512(u + 1024 * p + 64 * r);
+    *q1 = _mm512_load_si512(u + 1024 * p + 512 + 64 * r);
+  }
+};
+
 // One Q4_K block against R < MIN_TILE_ROWS rows (fewer than tiles pay for): each unpacked
 // vector of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
 // activations into each column's lane), C_j of sub-block j accumulated per row, then
 // isum = sum_j sc_j C_j; nothing goes through memory between the unpacking and the products.
 // Each pair of sub-blocks is folded into isum as it completes (registers for 5 rows).
 // Row m's block is xb[m * row_step]; its int8 quants start at xq + m * xstride.
-template <int R>
-inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512i* sc,
+// Weights: Q4kRecord (unpacked as they are used) or Q4kUnpacked (unpacked once per block for
+// several passes of rows).
+template <int R, typename Weights>
+inline void q4k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const __m512i* sc,
                               const __m512i* mins, __m512 d, __m512 dmin, const Q8Block* xb,
                               int64_t row_step, float* acc, RecordPrefetch& ahead) {
-  const __m512i low4 = _mm512_set1_epi8(15);
   __m512i isum[R];
   for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_si512();
   for (int p = 0; p < 4; ++p) {
@@ -92,9 +125,8 @@ inline void q4k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
     for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
     for (int r = 0; r < 8; ++r) {
       ahead.line();
-      const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
-      const __m512i q0 = _mm512_and_si512(v, low4);
-      const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      __m512i q0, q1;
+      weights(p, r, &q0, &q1);
       rows_dpbusd<R>(xq + 64 * p + 4 * r, xstride, 32, q0, q1, c);
     }
     // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
@@ -212,7 +244,7 @@ void q4k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
     RecordPrefetch ahead(w, RECORD);
     const Q4kScales s(w);
     const Q8Block* xb = x + b * block_step;
-    q4k_block_vectors<R>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc,
+    q4k_block_vectors<R>(Q4kRecord{w}, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc,
                          s.mins, s.d, s.dmin, xb, row_step, acc, ahead);
     ahead.rest();
   }
@@ -223,13 +255,16 @@ void q4k_group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t ro
                       int rows, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows);
+  alignas(64) uint8_t bytes[4 * 1024];
+  Q4kUnpacked unpacked{bytes};
   for (int64_t b = 0; b < nb; ++b, w += RECORD) {
     RecordPrefetch ahead(w, RECORD);
     const Q4kScales s(w);
+    unpacked.unpack(w);
     for (int m0 = 0; m0 < rows; m0 += pass) {
       const Q8Block* xb = x + b * block_step + m0 * row_step;
       with_vector_rows(std::min(pass, rows - m0), [&](auto r) {
-        q4k_block_vectors<decltype(r)::value>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q),
+        q4k_block_vectors<decltype(r)::value>(unpacked, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q),
                                               xstride, s.sc, s.mins, s.d, s.dmin, xb, row_step,
                                               acc + COLS * m0, ahead);
       });
@@ -275,11 +310,35 @@ inline void q6k_unpack(const uint8_t* w, int p, int r, __m512i* qa, __m512i* qb)
   *qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), _mm512_and_si512(hb, hi2));
 }
 
+// Q6_K weight sources, as Q4kRecord and Q4kUnpacked ([p][qa, qb][r][64], 4 KiB).
+struct Q6kRecord {
+  const uint8_t* w;
+  void operator()(int p, int r, __m512i* qa, __m512i* qb) const { q6k_unpack(w, p, r, qa, qb); }
+};
+
+struct Q6kUnpacked {
+  uint8_t* u;
+  void unpack(const uint8_t* w) {
+    for (int p = 0; p < 8; ++p) {
+      for (int r = 0; r < 4; ++r) {
+        __m512i qa, qb;
+        q6k_unpack(w, p, r, &qa, &qb);
+        _mm512_store_si512(u + 512 * p + 64 * r, qa);
+        _mm512_store_si512(u + 512 * p + 256 + 64 * r, qb);
+      }
+    }
+  }
+  void operator()(int p, int r, __m512i* qa, __m512i* qb) const {
+    *qa = _mm512_load_si512(u + 512 * p + 64 * r);
+    *qb = _mm512_load_si512(u + 512 * p + 256 + 64 * r);
+  }
+};
+
 // One Q6_K block against R < MIN_TILE_ROWS rows, as q4k_block_vectors: sub-blocks 2p, 2p + 1
 // come out of one pass over their quad bytes, their C_j in registers, and each row's
 // isum += sc_j (C_j - 32 bsum_j) in exact int32 as they complete: the tiles' integer.
-template <int R>
-inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstride, const __m512i* sc,
+template <int R, typename Weights>
+inline void q6k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const __m512i* sc,
                               __m512 d, const Q8Block* xb, int64_t row_step, float* acc,
                               RecordPrefetch& ahead) {
   __m512i isum[R];
@@ -291,7 +350,7 @@ inline void q6k_block_vectors(const uint8_t* w, const uint8_t* xq, int64_t xstri
       ahead.line();  // 53 lines over 32 steps
       if (r % 2 == 0) ahead.line();
       __m512i qa, qb;
-      q6k_unpack(w, p, r, &qa, &qb);
+      weights(p, r, &qa, &qb);
       rows_dpbusd<R>(xq + 32 * p + 4 * r, xstride, 16, qa, qb, c);
     }
     // |C_j - 32 bsum_j| <= 16 * 127 * 32 and |sc_j| <= 128: the sum over 16 fits int32
@@ -330,7 +389,7 @@ void q6k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t r
     RecordPrefetch ahead(w, Q6_RECORD);
     const Q6kScales s(w);
     const Q8Block* xb = x + b * block_step;
-    q6k_block_vectors<R>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc, s.d,
+    q6k_block_vectors<R>(Q6kRecord{w}, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc, s.d,
                          xb, row_step, acc, ahead);
     ahead.rest();
   }
@@ -341,13 +400,16 @@ void q6k_group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t ro
                       int rows, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows);
+  alignas(64) uint8_t bytes[4 * 1024];
+  Q6kUnpacked unpacked{bytes};
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     RecordPrefetch ahead(w, Q6_RECORD);
     const Q6kScales s(w);
+    unpacked.unpack(w);
     for (int m0 = 0; m0 < rows; m0 += pass) {
       const Q8Block* xb = x + b * block_step + m0 * row_step;
       with_vector_rows(std::min(pass, rows - m0), [&](auto r) {
-        q6k_block_vectors<decltype(r)::value>(w, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q),
+        q6k_block_vectors<decltype(r)::value>(unpacked, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q),
                                               xstride, s.sc, s.d, xb, row_step, acc + COLS * m0, ahead);
       });
     }
