@@ -62,9 +62,13 @@ if grep -q amx_int8 /proc/cpuinfo 2>/dev/null && [[ -z "$ISA_FLAGS" ]]; then AMX
 cat > "$PREFIX/build-info.json" <<JSON
 {"version": "$VERSION", "native": true, "extra_flags": "$ISA_FLAGS", "amx_kernels": $AMX_KERNELS}
 JSON
-find "$BUILD/bin" -maxdepth 1 -name '*.so*' -exec cp -P {} "$PREFIX/lib/" \;
+# installed by rename, only where changed (a process with them loaded keeps its mapping)
+source "$(dirname "$0")/install_by_rename.sh"
+for f in "$BUILD"/bin/*.so*; do
+  if [[ -e "$f" || -L "$f" ]]; then install_file "$f" "$PREFIX/lib"; fi
+done
 for t in "${todo[@]}"; do
-  if [[ -x "$BUILD/bin/$t" ]]; then cp "$BUILD/bin/$t" "$PREFIX/bin/"; fi
+  if [[ -x "$BUILD/bin/$t" ]]; then install_file "$BUILD/bin/$t" "$PREFIX/bin"; fi
   touch "$PREFIX/.built-$t-$VERSION"
 done
 echo "llama.cpp $VERSION: ${todo[*]} built into $PREFIX"
