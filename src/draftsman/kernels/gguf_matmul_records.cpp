@@ -234,56 +234,6 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
 
 #endif
 
-// One group of 16 Q4_K weight rows against R < MIN_TILE_ROWS activation rows, on vectors
-// (q4k_block_vectors): one function per R, so that each gets its own registers.
-template <int R>
-void q4k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
-                       int64_t block_step, float* acc) {
-  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  for (int64_t b = 0; b < nb; ++b, w += RECORD) {
-    RecordPrefetch ahead(w, RECORD);
-    const Q4kScales s(w);
-    const Q8Block* xb = x + b * block_step;
-    q4k_block_vectors<R>(Q4kRecord{w}, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc,
-                         s.mins, s.d, s.dmin, xb, row_step, acc, ahead);
-    ahead.rest();
-  }
-}
-
-// The same against any number of rows, in passes of vector_pass_rows(rows) per block.
-void q4k_group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-                      int rows, float* acc) {
-  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  const int pass = vector_pass_rows(rows);
-  alignas(64) uint8_t bytes[4 * 1024];
-  Q4kUnpacked unpacked{bytes};
-  for (int64_t b = 0; b < nb; ++b, w += RECORD) {
-    RecordPrefetch ahead(w, RECORD);
-    const Q4kScales s(w);
-    unpacked.unpack(w);
-    for (int m0 = 0; m0 < rows; m0 += pass) {
-      const Q8Block* xb = x + b * block_step + m0 * row_step;
-      with_vector_rows(std::min(pass, rows - m0), [&](auto r) {
-        q4k_block_vectors<decltype(r)::value>(unpacked, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q),
-                                              xstride, s.sc, s.mins, s.d, s.dmin, xb, row_step,
-                                              acc + COLS * m0, ahead);
-      });
-    }
-    ahead.rest();
-  }
-}
-
-void q4k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-               int rows, bool tiles, float* acc) {
-#if DRAFTSMAN_AMX
-  if (tiles) return q4k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
-#endif
-  if (rows >= MIN_TILE_ROWS) return q4k_group_passes(w, x, nb, row_step, block_step, rows, acc);
-  with_vector_rows(rows, [&](auto r) {
-    q4k_group_vectors<decltype(r)::value>(w, x, nb, row_step, block_step, acc);
-  });
-}
-
 // 16 floats as bfloat16, rounded as c10::BFloat16(float) rounds (to nearest even; NaN ->
 // 0x7FC0), bit for bit: one row's 16 outputs in a few instructions instead of 16 scalar
 // conversions and strided stores (at 16 rows, the group's last step).
@@ -379,44 +329,6 @@ struct Q6kScales {
   }
 };
 
-// One group of 16 Q6_K weight rows against R < MIN_TILE_ROWS activation rows, as
-// q4k_group_vectors.
-template <int R>
-void q6k_group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step,
-                       int64_t block_step, float* acc) {
-  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
-    RecordPrefetch ahead(w, Q6_RECORD);
-    const Q6kScales s(w);
-    const Q8Block* xb = x + b * block_step;
-    q6k_block_vectors<R>(Q6kRecord{w}, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q), xstride, s.sc, s.d,
-                         xb, row_step, acc, ahead);
-    ahead.rest();
-  }
-}
-
-// The same against any number of rows, in passes, as q4k_group_passes.
-void q6k_group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-                      int rows, float* acc) {
-  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  const int pass = vector_pass_rows(rows);
-  alignas(64) uint8_t bytes[4 * 1024];
-  Q6kUnpacked unpacked{bytes};
-  for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
-    RecordPrefetch ahead(w, Q6_RECORD);
-    const Q6kScales s(w);
-    unpacked.unpack(w);
-    for (int m0 = 0; m0 < rows; m0 += pass) {
-      const Q8Block* xb = x + b * block_step + m0 * row_step;
-      with_vector_rows(std::min(pass, rows - m0), [&](auto r) {
-        q6k_block_vectors<decltype(r)::value>(unpacked, reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q),
-                                              xstride, s.sc, s.d, xb, row_step, acc + COLS * m0, ahead);
-      });
-    }
-    ahead.rest();
-  }
-}
-
 #if DRAFTSMAN_AMX
 // 64 weights of one Q6_K sub-block (q in 0..63, 4 k of each column per 32-bit lane) times
 // the column's scale, v = (q - 32) sc (|v| <= 4096, in 16 bits: scw holds the scale in both
@@ -483,14 +395,92 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
 
 #endif
 
-void q6k_group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-               int rows, bool tiles, float* acc) {
+// A block type's pieces for the group loops below: its record size, per-column factors,
+// weight sources and block step on vectors, and (AMX) its tile path.
+inline const uint8_t* quants(const Q8Block* xb) {
+  return reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q);
+}
+
+struct Q4kPath {
+  static constexpr int BYTES = RECORD;
+  using Scales = Q4kScales;
+  using Record = Q4kRecord;
+  using Unpacked = Q4kUnpacked;
+  template <int R, typename Weights>
+  static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
+                    int64_t row_step, float* acc, RecordPrefetch& ahead) {
+    q4k_block_vectors<R>(weights, quants(xb), xstride, s.sc, s.mins, s.d, s.dmin, xb, row_step, acc, ahead);
+  }
 #if DRAFTSMAN_AMX
-  if (tiles) return q6k_group_tiles(w, x, nb, row_step, block_step, rows, acc);
+  static constexpr auto tiles = q4k_group_tiles;
 #endif
-  if (rows >= MIN_TILE_ROWS) return q6k_group_passes(w, x, nb, row_step, block_step, rows, acc);
+};
+
+struct Q6kPath {
+  static constexpr int BYTES = Q6_RECORD;
+  using Scales = Q6kScales;
+  using Record = Q6kRecord;
+  using Unpacked = Q6kUnpacked;
+  template <int R, typename Weights>
+  static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
+                    int64_t row_step, float* acc, RecordPrefetch& ahead) {
+    q6k_block_vectors<R>(weights, quants(xb), xstride, s.sc, s.d, xb, row_step, acc, ahead);
+  }
+#if DRAFTSMAN_AMX
+  static constexpr auto tiles = q6k_group_tiles;
+#endif
+};
+
+// One group of 16 weight rows against R < MIN_TILE_ROWS activation rows on vectors, the
+// weights unpacked in registers as they are used: one function per R, so that each gets its
+// own registers. Row m's block b is x[m * row_step + b * block_step].
+template <typename P, int R>
+void group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+                   float* acc) {
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
+  for (int64_t b = 0; b < nb; ++b, w += P::BYTES) {
+    RecordPrefetch ahead(w, P::BYTES);
+    const typename P::Scales s(w);
+    P::template block<R>(typename P::Record{w}, s, x + b * block_step, xstride, row_step, acc, ahead);
+    ahead.rest();
+  }
+}
+
+// The same against any number of rows, in passes of vector_pass_rows(rows) per block over its
+// weights unpacked once into L1.
+template <typename P>
+void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+                  int rows, float* acc) {
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
+  const int pass = vector_pass_rows(rows);
+  alignas(64) uint8_t bytes[4 * 1024];
+  typename P::Unpacked unpacked{bytes};
+  for (int64_t b = 0; b < nb; ++b, w += P::BYTES) {
+    RecordPrefetch ahead(w, P::BYTES);
+    const typename P::Scales s(w);
+    unpacked.unpack(w);
+    for (int m0 = 0; m0 < rows; m0 += pass) {
+      const Q8Block* xb = x + b * block_step + m0 * row_step;
+      with_vector_rows(std::min(pass, rows - m0), [&](auto r) {
+        P::template block<decltype(r)::value>(unpacked, s, xb, xstride, row_step, acc + COLS * m0, ahead);
+      });
+    }
+    ahead.rest();
+  }
+}
+
+// One group of 16 weight rows against `rows` activation rows: on tiles where asked (AMX),
+// else on vectors, in one pass or several.
+template <typename P>
+void group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step, int rows,
+           bool tiles, float* acc) {
+#if DRAFTSMAN_AMX
+  if (tiles) return P::tiles(w, x, nb, row_step, block_step, rows, acc);
+#endif
+  (void)tiles;
+  if (rows >= MIN_TILE_ROWS) return group_passes<P>(w, x, nb, row_step, block_step, rows, acc);
   with_vector_rows(rows, [&](auto r) {
-    q6k_group_vectors<decltype(r)::value>(w, x, nb, row_step, block_step, acc);
+    group_vectors<P, decltype(r)::value>(w, x, nb, row_step, block_step, acc);
   });
 }
 #endif
@@ -556,9 +546,9 @@ at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int6
       const uint8_t* wg = wp + g * nb * rec_bytes;
       std::fill(acc, acc + tiled * COLS, 0.f);
       if (qtype == TYPE_Q4_K) {
-        q4k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
+        group<Q4kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
       } else {
-        q6k_group(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
+        group<Q6kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
       }
       const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
       for (int64_t r = 0; r < m; ++r) {
