@@ -66,7 +66,8 @@ inline void with_vector_rows(int rows, F&& f) {
 // Without tiles (an AVX-512 VNNI CPU without AMX, or DRAFTSMAN_KQUANT_AMX=0 asking for the
 // vectors), more rows than one vector pass takes are split into passes of at most
 // MIN_TILE_ROWS - 1, as even as they go (16 rows: 4 x 4), each block's record passing every
-// pass while it sits in L1: the record is read from memory once, unpacked once per pass.
+// pass while it sits in L1: the record is read from memory once and unpacked once
+// (UnpackedWeights), each pass loading the unpacked bytes.
 inline int vector_pass_rows(int rows) {
   const int passes = (rows + MIN_TILE_ROWS - 2) / (MIN_TILE_ROWS - 1);
   return (rows + passes - 1) / passes;
@@ -86,25 +87,30 @@ struct Q4kRecord {
   }
 };
 
-// The same from a record's nibbles unpacked once into bytes (4 KiB, L1), [p][q0, q1][r][64]:
+// The same from a record's weights unpacked once by `Source` into bytes (4 KiB, L1),
+// [pair p][first, second][step r][64] for PAIRS pairs of sub-blocks of STEPS k-rows each:
 // several passes of rows over one block then pay loads instead of the unpacking each.
-struct Q4kUnpacked {
-  uint8_t* u;
+template <typename Source, int PAIRS, int STEPS>
+struct UnpackedWeights {
+  static constexpr int BYTES = 128 * PAIRS * STEPS;
+  uint8_t* u;  // BYTES, 64-byte aligned
   void unpack(const uint8_t* w) {
-    for (int p = 0; p < 4; ++p) {
-      for (int r = 0; r < 8; ++r) {
-        __m512i q0, q1;
-        Q4kRecord{w}(p, r, &q0, &q1);
-        _mm512_store_si512(u + 1024 * p + 64 * r, q0);
-        _mm512_store_si512(u + 1024 * p + 512 + 64 * r, q1);
+    const Source source{w};
+    for (int p = 0; p < PAIRS; ++p) {
+      for (int r = 0; r < STEPS; ++r) {
+        __m512i a, b;
+        source(p, r, &a, &b);
+        _mm512_store_si512(u + 128 * STEPS * p + 64 * r, a);
+        _mm512_store_si512(u + 128 * STEPS * p + 64 * (STEPS + r), b);
       }
     }
   }
-  void operator()(int p, int r, __m512i* q0, __m512i* q1) const {
-    *q0 = _mm512_load_si512(u + 1024 * p + 64 * r);
-    *q1 = _mm512_load_si512(u + 1024 * p + 512 + 64 * r);
+  void operator()(int p, int r, __m512i* a, __m512i* b) const {
+    *a = _mm512_load_si512(u + 128 * STEPS * p + 64 * r);
+    *b = _mm512_load_si512(u + 128 * STEPS * p + 64 * (STEPS + r));
   }
 };
+using Q4kUnpacked = UnpackedWeights<Q4kRecord, 4, 8>;
 
 // One Q4_K block against R < MIN_TILE_ROWS rows (fewer than tiles pay for): each unpacked
 // vector of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
@@ -260,29 +266,12 @@ inline void q6k_unpack(const uint8_t* w, int p, int r, __m512i* qa, __m512i* qb)
   *qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), _mm512_and_si512(hb, hi2));
 }
 
-// Q6_K weight sources, as Q4kRecord and Q4kUnpacked ([p][qa, qb][r][64], 4 KiB).
+// Q6_K weight sources, as Q4kRecord and Q4kUnpacked.
 struct Q6kRecord {
   const uint8_t* w;
   void operator()(int p, int r, __m512i* qa, __m512i* qb) const { q6k_unpack(w, p, r, qa, qb); }
 };
-
-struct Q6kUnpacked {
-  uint8_t* u;
-  void unpack(const uint8_t* w) {
-    for (int p = 0; p < 8; ++p) {
-      for (int r = 0; r < 4; ++r) {
-        __m512i qa, qb;
-        q6k_unpack(w, p, r, &qa, &qb);
-        _mm512_store_si512(u + 512 * p + 64 * r, qa);
-        _mm512_store_si512(u + 512 * p + 256 + 64 * r, qb);
-      }
-    }
-  }
-  void operator()(int p, int r, __m512i* qa, __m512i* qb) const {
-    *qa = _mm512_load_si512(u + 512 * p + 64 * r);
-    *qb = _mm512_load_si512(u + 512 * p + 256 + 64 * r);
-  }
-};
+using Q6kUnpacked = UnpackedWeights<Q6kRecord, 8, 4>;
 
 // One Q6_K block against R < MIN_TILE_ROWS rows, as q4k_block_vectors: sub-blocks 2p, 2p + 1
 // come out of one pass over their quad bytes, their C_j in registers, and each row's
@@ -453,7 +442,7 @@ void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_st
                   int rows, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows);
-  alignas(64) uint8_t bytes[4 * 1024];
+  alignas(64) uint8_t bytes[P::Unpacked::BYTES];
   typename P::Unpacked unpacked{bytes};
   for (int64_t b = 0; b < nb; ++b, w += P::BYTES) {
     RecordPrefetch ahead(w, P::BYTES);
