@@ -31,3 +31,16 @@ def test_a_bare_group_prints_its_help(capsys):
     assert args.func(args) == 2 and "Manage things." in capsys.readouterr().out
     args = parser.parse_args(["things", "list"])
     assert args.things_command == "list" and args.func(args) == 0
+
+
+def test_the_command_line_starts_without_the_test_harness():
+    """Every `draftsman` call (and each of a benchmark's subprocesses) builds the whole
+    parser: the conformance harness and its scipy.stats (~0.7 s) load only for check-exact."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from draftsman.cli.main import build_parser; build_parser(); "
+            "print(sorted(m for m in ('scipy', 'draftsman.testing') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert run.stdout.strip() == "[]"

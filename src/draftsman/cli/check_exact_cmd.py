@@ -27,7 +27,6 @@ from draftsman.errors import InvalidArgumentError
 from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import registry
-from draftsman.testing import check_exact, target_joint
 
 # short (every draw reads it again) and repetitive, so copying drafters (prompt lookup,
 # suffix) have something to copy
@@ -100,6 +99,9 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the harness pulls scipy.stats (~0.7 s): imported here, not on every `draftsman` start
+    from draftsman.testing import check_exact, target_joint
+
     if args.help_options:
         print_method_options(args.method)
         return 0
