@@ -216,6 +216,16 @@ def test_records_corrupted_weights_change_the_answer_and_bf16_rounds_once(qtype,
 
 
 @records
+@pytest.mark.parametrize("tiles", PATHS)
+def test_records_of_no_rows_are_an_empty_product(tiles):
+    """A forward of no new tokens (as a script timing a step after an empty context runs):
+    an empty [0, n] result, as the per-row path gives, not a read of five rows of nothing."""
+    rows = random_blocks(Q.Q4_K, 16, 256, seed=1)
+    x = torch.randn(0, 256)
+    assert records_mm(x, rows, Q.Q4_K, tiles).shape == mm(x, rows, Q.Q4_K).shape == (0, 16)
+
+
+@records
 def test_q4_models_take_the_records_where_the_cpu_has_vnni():
     from draftsman.models.quant_linear import KQuantRecordsMatrix, kquant_matrix
     from draftsman.store.gguf_blocks import BlockTensor

@@ -21,6 +21,8 @@
 //         acc = acc + (d[n] d_x[m]) isum - (dmin[n] d_x[m]) msum  (two fused float ops)
 //   Q6_K: isum = sum_j sc_j[n] (C_j - 32 bsum_j[m])  (exact integers),
 //         acc = acc + (d[n] d_x[m]) isum  (one fused float op)
+// isum is added up in int32 where tiles run (IntSum) and in float on vectors alone (FloatSum,
+// the same value below 2^24; kquant_records_parts.h).
 // Invariant (batch invariance): row m's arithmetic, in this order, is the same whatever
 // other rows share its tile, so a row's output is the same alone or in any batch and thread
 // count.
@@ -120,12 +122,12 @@ using Q4kUnpacked = UnpackedWeights<Q4kRecord, 4, 8>;
 // Row m's block is xb[m * row_step]; its int8 quants start at xq + m * xstride.
 // Weights: Q4kRecord (unpacked as they are used) or Q4kUnpacked (unpacked once per block for
 // several passes of rows).
-template <int R, typename Weights>
-inline void q4k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const __m512i* sc,
-                              const __m512i* mins, __m512 d, __m512 dmin, const Q8Block* xb,
-                              int64_t row_step, float* acc, RecordPrefetch& ahead) {
-  __m512i isum[R];
-  for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_si512();
+template <int R, typename Sum, typename Weights>
+inline void q4k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride,
+                              const typename Sum::Factor* sc, const __m512i* mins, __m512 d, __m512 dmin,
+                              const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
+  typename Sum::Vec isum[R];
+  for (int m = 0; m < R; ++m) isum[m] = Sum::zero();
   for (int p = 0; p < 4; ++p) {
     __m512i c[R][2];
     for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
@@ -137,11 +139,12 @@ inline void q4k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t
     }
     // |C_j| <= 32 * 127 * 15 and sc_j <= 63: the sum over 8 sub-blocks fits int32
     for (int m = 0; m < R; ++m) {
-      isum[m] = _mm512_add_epi32(isum[m], _mm512_add_epi32(_mm512_mullo_epi32(c[m][0], sc[2 * p]),
-                                                           _mm512_mullo_epi32(c[m][1], sc[2 * p + 1])));
+      isum[m] = Sum::add(Sum::add(isum[m], c[m][0], sc[2 * p]), c[m][1], sc[2 * p + 1]);
     }
   }
-  for (int m = 0; m < R; ++m) q4k_finish_row(isum[m], mins, d, dmin, xb[m * row_step], acc + COLS * m);
+  for (int m = 0; m < R; ++m) {
+    q4k_finish_row(Sum::to_float(isum[m]), mins, d, dmin, xb[m * row_step], acc + COLS * m);
+  }
 }
 
 #if DRAFTSMAN_AMX
@@ -198,7 +201,7 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b, w += RECORD) {
     RecordPrefetch ahead(w, RECORD);
-    const Q4kScales s(w);
+    const Q4kScales<IntSum> s(w);
     const __m512i* sc = s.sc;
     // a column's 4 bytes share its scale: both 16-bit halves of its lane hold the factor,
     // and a 16-bit multiply of two bytes by it cannot carry (15 x 7 < 256)
@@ -231,7 +234,7 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
         // |C_hi|, |C_lo| <= 256 * 127 * 105: 8 C_hi + C_lo fits int32
         const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 3),
                                               _mm512_load_si512(cbuf[1] + COLS * m));
-        q4k_finish_row(isum, s.mins, s.d, s.dmin, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
+        q4k_finish_row(_mm512_cvtepi32_ps(isum), s.mins, s.d, s.dmin, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
       }
     }
     ahead.rest();
@@ -276,12 +279,12 @@ using Q6kUnpacked = UnpackedWeights<Q6kRecord, 8, 4>;
 // One Q6_K block against R < MIN_TILE_ROWS rows, as q4k_block_vectors: sub-blocks 2p, 2p + 1
 // come out of one pass over their quad bytes, their C_j in registers, and each row's
 // isum += sc_j (C_j - 32 bsum_j) in exact int32 as they complete: the tiles' integer.
-template <int R, typename Weights>
-inline void q6k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const __m512i* sc,
-                              __m512 d, const Q8Block* xb, int64_t row_step, float* acc,
-                              RecordPrefetch& ahead) {
-  __m512i isum[R];
-  for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_si512();
+template <int R, typename Sum, typename Weights>
+inline void q6k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride,
+                              const typename Sum::Factor* sc, __m512 d, const Q8Block* xb, int64_t row_step,
+                              float* acc, RecordPrefetch& ahead) {
+  typename Sum::Vec isum[R];
+  for (int m = 0; m < R; ++m) isum[m] = Sum::zero();
   for (int p = 0; p < 8; ++p) {
     __m512i c[R][2];
     for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
@@ -297,22 +300,22 @@ inline void q6k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t
       const Q8Block& x = xb[m * row_step];
       for (int h = 0; h < 2; ++h) {
         const int j = 2 * p + h;
-        const __m512i cj = _mm512_sub_epi32(c[m][h], _mm512_set1_epi32(32 * x.bsums[j]));
-        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(cj, sc[j]));
+        isum[m] = Sum::add(isum[m], _mm512_sub_epi32(c[m][h], _mm512_set1_epi32(32 * x.bsums[j])), sc[j]);
       }
     }
   }
-  for (int m = 0; m < R; ++m) q6k_finish_row(isum[m], d, xb[m * row_step], acc + COLS * m);
+  for (int m = 0; m < R; ++m) q6k_finish_row(Sum::to_float(isum[m]), d, xb[m * row_step], acc + COLS * m);
 }
 
-// A Q6_K record's per-column factors: sub-block scales as int32 lanes, d as floats.
+// A Q6_K record's per-column factors: sub-block scales as Sum's factors, d as floats.
+template <typename Sum>
 struct Q6kScales {
-  __m512i sc[16];
+  typename Sum::Factor sc[16];
   __m512 d;
 
   explicit Q6kScales(const uint8_t* w) {
     for (int j = 0; j < 16; ++j) {
-      sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j)));
+      sc[j] = Sum::factor(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
     }
     d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
   }
@@ -346,7 +349,7 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
   const __m512i low16 = _mm512_set1_epi32(0xFFFF);
   for (int64_t b = 0; b < nb; ++b, w += Q6_RECORD) {
     RecordPrefetch ahead(w, Q6_RECORD);
-    const Q6kScales s(w);
+    const Q6kScales<IntSum> s(w);
     __m512i scw[16];
     for (int j = 0; j < 16; ++j) scw[j] = _mm512_or_si512(_mm512_and_si512(s.sc[j], low16), _mm512_slli_epi32(s.sc[j], 16));
     for (int p = 0; p < 8; ++p) {
@@ -375,7 +378,7 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
         // |C_H| <= 256 * 127 * 32: 128 C_H + C_L fits int32 and is the vector path's isum
         const __m512i isum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cbuf[0] + COLS * m), 7),
                                               _mm512_load_si512(cbuf[1] + COLS * m));
-        q6k_finish_row(isum, s.d, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
+        q6k_finish_row(_mm512_cvtepi32_ps(isum), s.d, xt[m * row_step + b * block_step], acc + COLS * (t * TILE_ROWS + m));
       }
     }
     ahead.rest();
@@ -385,35 +388,38 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
 #endif
 
 // A block type's pieces for the group loops below: its record size, per-column factors,
-// weight sources and block step on vectors, and (AMX) its tile path.
+// weight sources and block step on vectors (their sums added up by Sum), and (AMX) its tile
+// path.
 inline const uint8_t* quants(const Q8Block* xb) {
   return reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q);
 }
 
+template <typename Sum>
 struct Q4kPath {
   static constexpr int BYTES = RECORD;
-  using Scales = Q4kScales;
+  using Scales = Q4kScales<Sum>;
   using Record = Q4kRecord;
   using Unpacked = Q4kUnpacked;
   template <int R, typename Weights>
   static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
                     int64_t row_step, float* acc, RecordPrefetch& ahead) {
-    q4k_block_vectors<R>(weights, quants(xb), xstride, s.sc, s.mins, s.d, s.dmin, xb, row_step, acc, ahead);
+    q4k_block_vectors<R, Sum>(weights, quants(xb), xstride, s.sc, s.mins, s.d, s.dmin, xb, row_step, acc, ahead);
   }
 #if DRAFTSMAN_AMX
   static constexpr auto tiles = q4k_group_tiles;
 #endif
 };
 
+template <typename Sum>
 struct Q6kPath {
   static constexpr int BYTES = Q6_RECORD;
-  using Scales = Q6kScales;
+  using Scales = Q6kScales<Sum>;
   using Record = Q6kRecord;
   using Unpacked = Q6kUnpacked;
   template <int R, typename Weights>
   static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
                     int64_t row_step, float* acc, RecordPrefetch& ahead) {
-    q6k_block_vectors<R>(weights, quants(xb), xstride, s.sc, s.d, xb, row_step, acc, ahead);
+    q6k_block_vectors<R, Sum>(weights, quants(xb), xstride, s.sc, s.d, xb, row_step, acc, ahead);
   }
 #if DRAFTSMAN_AMX
   static constexpr auto tiles = q6k_group_tiles;
@@ -458,19 +464,31 @@ void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_st
   }
 }
 
-// One group of 16 weight rows against `rows` activation rows: on tiles where asked (AMX),
-// else on vectors, in one pass or several.
+// One group of 16 weight rows against `rows` activation rows on vectors, in one pass or
+// several.
 template <typename P>
-void group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step, int rows,
-           bool tiles, float* acc) {
-#if DRAFTSMAN_AMX
-  if (tiles) return P::tiles(w, x, nb, row_step, block_step, rows, acc);
-#endif
-  (void)tiles;
+void group_on_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
+                      int rows, float* acc) {
   if (rows >= MIN_TILE_ROWS) return group_passes<P>(w, x, nb, row_step, block_step, rows, acc);
   with_vector_rows(rows, [&](auto r) {
     group_vectors<P, decltype(r)::value>(w, x, nb, row_step, block_step, acc);
   });
+}
+
+// The same on tiles where the model takes them (AMX, from MIN_TILE_ROWS rows), and there its
+// fewer rows' vectors add up in int32 as the tiles do (IntSum), so that a row's bits do not
+// depend on how many rows share the call; without tiles, in float (FloatSum, fewer uops).
+template <template <typename> class P>
+void group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step, int rows,
+           bool use_tiles, float* acc) {
+#if DRAFTSMAN_AMX
+  if (use_tiles) {
+    if (rows >= MIN_TILE_ROWS) return P<IntSum>::tiles(w, x, nb, row_step, block_step, rows, acc);
+    return group_on_vectors<P<IntSum>>(w, x, nb, row_step, block_step, rows, acc);
+  }
+#endif
+  (void)use_tiles;
+  group_on_vectors<P<FloatSum>>(w, x, nb, row_step, block_step, rows, acc);
 }
 #endif
 
@@ -504,6 +522,7 @@ at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int6
               "kquant_records_mm: packed holds ", groups, " groups of ", packed.size(1),
               " bytes, not ", n, " rows of width ", k);
   at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0) return y;  // no rows: nothing to read (the vector paths take at least one)
 #if DRAFTSMAN_RECORDS
   // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
   const bool tiles = use_tiles && m >= MIN_TILE_ROWS;
@@ -535,9 +554,9 @@ at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int6
       const uint8_t* wg = wp + g * nb * rec_bytes;
       std::fill(acc, acc + tiled * COLS, 0.f);
       if (qtype == TYPE_Q4_K) {
-        group<Q4kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
+        group<Q4kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), use_tiles, acc);
       } else {
-        group<Q6kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), tiles, acc);
+        group<Q6kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), use_tiles, acc);
       }
       const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
       for (int64_t r = 0; r < m; ++r) {

@@ -72,15 +72,43 @@ inline void configure_tiles(int rows) {
 }
 #endif
 
+// How a row adds up its scaled sub-block sums, isum = sum_j sc_j C_j (C_j exact int32).
+// IntSum: in int32 (vpmulld + vpaddd, 3 uops a sub-block), the integer the tiles compute.
+// FloatSum: float fused multiply-adds (vcvtdq2ps + vfmadd, 2 uops), for the vectors where no
+// tiles run: C_j sc_j is an exact float (< 2^22), and so is each partial sum below 2^24, so
+// FloatSum gives IntSum's float(isum) bit for bit unless a partial sum passes 2^24 (Q4_K's
+// bound is 2^24.9 at activations of all +-127; unseen in practice). Either way a row's
+// arithmetic is its own, in a fixed order: batch invariance holds on each. A model takes one
+// of them for all its row counts (IntSum where AMX tiles take 6 rows and more).
+struct IntSum {
+  using Vec = __m512i;
+  using Factor = __m512i;
+  static Factor factor(__m512i sc) { return sc; }
+  static Vec zero() { return _mm512_setzero_si512(); }
+  static Vec add(Vec s, __m512i c, Factor sc) { return _mm512_add_epi32(s, _mm512_mullo_epi32(c, sc)); }
+  static __m512 to_float(Vec s) { return _mm512_cvtepi32_ps(s); }
+};
+
+struct FloatSum {
+  using Vec = __m512;
+  using Factor = __m512;
+  static Factor factor(__m512i sc) { return _mm512_cvtepi32_ps(sc); }
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec add(Vec s, __m512i c, Factor sc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), sc, s); }
+  static __m512 to_float(Vec s) { return s; }
+};
+
 // A Q4_K record's per-column factors, widened for the vector and tile paths: sub-block
-// scales as int32 lanes, the mins of sub-block pairs as int16 pairs, d and dmin as floats.
+// scales as Sum's factors, the mins of sub-block pairs as int16 pairs, d and dmin as floats.
+template <typename Sum>
 struct Q4kScales {
-  __m512i sc[8], mins[4];
+  typename Sum::Factor sc[8];
+  __m512i mins[4];
   __m512 d, dmin;
 
   explicit Q4kScales(const uint8_t* w) {
     for (int j = 0; j < 8; ++j) {
-      sc[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + OFF_SC + 16 * j)));
+      sc[j] = Sum::factor(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + OFF_SC + 16 * j))));
     }
     for (int t = 0; t < 4; ++t) {
       mins[t] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_MIN + 32 * t)));
@@ -90,10 +118,10 @@ struct Q4kScales {
   }
 };
 
-// Row m's share of one Q4_K block, after its integer sums: the same float code for every
-// path, so a row's output depends only on isum, which is exact.
-inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 dmin,
-                           const Q8Block& xb, float* acc) {
+// Row m's share of one Q4_K block, after its sums (isum as a float, exact): the same float
+// code for every path.
+inline void q4k_finish_row(__m512 isum, const __m512i* mins, __m512 d, __m512 dmin, const Q8Block& xb,
+                           float* acc) {
   __m512i msum = _mm512_setzero_si512();
   for (int t = 0; t < 4; ++t) {
     int32_t pair;
@@ -101,14 +129,13 @@ inline void q4k_finish_row(__m512i isum, const __m512i* mins, __m512 d, __m512 d
     msum = _mm512_dpwssd_epi32(msum, mins[t], _mm512_set1_epi32(pair));
   }
   const __m512 dx = _mm512_set1_ps(xb.d);
-  const __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum), _mm512_loadu_ps(acc));
+  const __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), isum, _mm512_loadu_ps(acc));
   _mm512_storeu_ps(acc, _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), a));
 }
 
-// Row m's share of one Q6_K block after its exact integer sum, the same for every path.
-inline void q6k_finish_row(__m512i isum, __m512 d, const Q8Block& xb, float* acc) {
-  _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(isum),
-                                        _mm512_loadu_ps(acc)));
+// Row m's share of one Q6_K block after its sum (a float, exact), the same for every path.
+inline void q6k_finish_row(__m512 isum, __m512 d, const Q8Block& xb, float* acc) {
+  _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), isum, _mm512_loadu_ps(acc)));
 }
 
 // For each of R rows, one vpdpbusd of unpacked weights q0 (sub-block 2p) and q1 (2p + 1)
