@@ -78,14 +78,21 @@ inline int vector_pass_rows(int rows) {
 #if DRAFTSMAN_RECORDS
 
 // The nibbles of Q4_K sub-blocks 2p (q0) and 2p + 1 (q1), k-row r of their VNNI layout in a
-// record, unpacked in registers as they are used.
+// record, unpacked in registers as they are used. Sum::HIGH_IN_PLACE: q1 is the high nibble
+// left where it is, 16 q (one and instead of a shift and an and; the sums stay far inside
+// int32), which Sum's factors for odd sub-blocks undo exactly.
+template <typename Sum>
 struct Q4kRecord {
   const uint8_t* w;
   void operator()(int p, int r, __m512i* q0, __m512i* q1) const {
     const __m512i low4 = _mm512_set1_epi8(15);
     const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
     *q0 = _mm512_and_si512(v, low4);
-    *q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    if constexpr (Sum::HIGH_IN_PLACE) {
+      *q1 = _mm512_andnot_si512(low4, v);
+    } else {
+      *q1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
   }
 };
 
@@ -112,7 +119,8 @@ struct UnpackedWeights {
     *b = _mm512_load_si512(u + 128 * STEPS * p + 64 * (STEPS + r));
   }
 };
-using Q4kUnpacked = UnpackedWeights<Q4kRecord, 4, 8>;
+template <typename Sum>
+using Q4kUnpacked = UnpackedWeights<Q4kRecord<Sum>, 4, 8>;
 
 // One Q4_K block against R < MIN_TILE_ROWS rows (fewer than tiles pay for): each unpacked
 // vector of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
@@ -398,8 +406,8 @@ template <typename Sum>
 struct Q4kPath {
   static constexpr int BYTES = RECORD;
   using Scales = Q4kScales<Sum>;
-  using Record = Q4kRecord;
-  using Unpacked = Q4kUnpacked;
+  using Record = Q4kRecord<Sum>;
+  using Unpacked = Q4kUnpacked<Sum>;
   template <int R, typename Weights>
   static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
                     int64_t row_step, float* acc, RecordPrefetch& ahead) {

@@ -81,6 +81,7 @@ inline void configure_tiles(int rows) {
 // arithmetic is its own, in a fixed order: batch invariance holds on each. A model takes one
 // of them for all its row counts (IntSum where AMX tiles take 6 rows and more).
 struct IntSum {
+  static constexpr bool HIGH_IN_PLACE = false;
   using Vec = __m512i;
   using Factor = __m512i;
   static Factor factor(__m512i sc) { return sc; }
@@ -90,6 +91,7 @@ struct IntSum {
 };
 
 struct FloatSum {
+  static constexpr bool HIGH_IN_PLACE = true;  // Q4_K's high nibbles as 16 q: factors sc / 16
   using Vec = __m512;
   using Factor = __m512;
   static Factor factor(__m512i sc) { return _mm512_cvtepi32_ps(sc); }
@@ -99,7 +101,9 @@ struct FloatSum {
 };
 
 // A Q4_K record's per-column factors, widened for the vector and tile paths: sub-block
-// scales as Sum's factors, the mins of sub-block pairs as int16 pairs, d and dmin as floats.
+// scales as Sum's factors (odd sub-blocks' divided by 16 where Sum takes their nibbles in
+// place: exact, a power of 2), the mins of sub-block pairs as int16 pairs, d and dmin as
+// floats.
 template <typename Sum>
 struct Q4kScales {
   typename Sum::Factor sc[8];
@@ -109,6 +113,9 @@ struct Q4kScales {
   explicit Q4kScales(const uint8_t* w) {
     for (int j = 0; j < 8; ++j) {
       sc[j] = Sum::factor(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + OFF_SC + 16 * j))));
+      if constexpr (Sum::HIGH_IN_PLACE) {
+        if (j % 2) sc[j] = _mm512_mul_ps(sc[j], _mm512_set1_ps(1.0f / 16));
+      }
     }
     for (int t = 0; t < 4; ++t) {
       mins[t] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_MIN + 32 * t)));
