@@ -25,19 +25,48 @@ void pack_q4k(const uint8_t* blk, int c, uint8_t* rec) {
     rec[OFF_SC + COLS * j + c] = static_cast<uint8_t>(sc);
     rec[OFF_MIN + 2 * COLS * (j / 2) + 2 * c + j % 2] = static_cast<uint8_t>(m);
   }
+  // byte (p, r, c, i) is the block's byte 32p + 4r + i: 4 bytes at a time
   for (int p = 0; p < 4; ++p) {
-    for (int l = 0; l < 32; ++l) rec[OFF_Q + 512 * p + 64 * (l / 4) + 4 * c + l % 4] = blk[16 + 32 * p + l];
+    for (int r = 0; r < 8; ++r) std::memcpy(rec + OFF_Q + 512 * p + 64 * r + 4 * c, blk + 16 + 32 * p + 4 * r, 4);
   }
 }
 
+// The block's 256 6-bit values in order, q[e] = q6k_value(blk, e), read a half (128) at a
+// time: ql[l] holds elements l (low nibble) and l + 64 (high), ql[l + 32] elements l + 32 and
+// l + 96, qh[l] the top 2 bits of all four (bits 0-1, 2-3, 4-5, 6-7).
+void q6k_values(const uint8_t* blk, uint8_t* q) {
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* ql = blk + 64 * half;
+    const uint8_t* qh = blk + 128 + 32 * half;
+    uint8_t* out = q + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      out[l] = static_cast<uint8_t>((ql[l] & 15) | ((qh[l] & 3) << 4));
+      out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
+      out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
+// Each record byte written once from the block's values (element 16j + t of sub-block j,
+// t = 4r + i): QL byte (p, r, c, i) holds sub-block 2p's low 4 bits and 2p + 1's above them,
+// QH byte (u, r, c, i) the top 2 bits of sub-blocks 4u .. 4u + 3 at bits 2s, 2s + 1.
 void pack_q6k(const uint8_t* blk, int c, uint8_t* rec) {
   std::memcpy(rec + Q6_OFF_D + 2 * c, blk + 208, 2);
-  for (int j = 0; j < 16; ++j) {
-    rec[Q6_OFF_SC + COLS * j + c] = blk[192 + j];
+  for (int j = 0; j < 16; ++j) rec[Q6_OFF_SC + COLS * j + c] = blk[192 + j];
+  uint8_t q[256];
+  q6k_values(blk, q);
+  for (int p = 0; p < 8; ++p) {
     for (int t = 0; t < 16; ++t) {
-      const int q = q6k_value(blk, 16 * j + t), r = t / 4, i = t % 4;
-      rec[Q6_OFF_QL + 256 * (j / 2) + 64 * r + 4 * c + i] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
-      rec[Q6_OFF_QH + 256 * (j / 4) + 64 * r + 4 * c + i] |= static_cast<uint8_t>((q >> 4) << (2 * (j % 4)));
+      rec[Q6_OFF_QL + 256 * p + 64 * (t / 4) + 4 * c + t % 4] =
+          static_cast<uint8_t>((q[32 * p + t] & 15) | ((q[32 * p + 16 + t] & 15) << 4));
+    }
+  }
+  for (int u = 0; u < 4; ++u) {
+    for (int t = 0; t < 16; ++t) {
+      const uint8_t* e = q + 64 * u + t;
+      rec[Q6_OFF_QH + 256 * u + 64 * (t / 4) + 4 * c + t % 4] =
+          static_cast<uint8_t>((e[0] >> 4) | ((e[16] >> 4) << 2) | ((e[32] >> 4) << 4) | ((e[48] >> 4) << 6));
     }
   }
 }

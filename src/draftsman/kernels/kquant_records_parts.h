@@ -75,11 +75,12 @@ inline void configure_tiles(int rows) {
 // How a row adds up its scaled sub-block sums, isum = sum_j sc_j C_j (C_j exact int32).
 // IntSum: in int32 (vpmulld + vpaddd, 3 uops a sub-block), the integer the tiles compute.
 // FloatSum: float fused multiply-adds (vcvtdq2ps + vfmadd, 2 uops), for the vectors where no
-// tiles run: C_j sc_j is an exact float (< 2^22), and so is each partial sum below 2^24, so
-// FloatSum gives IntSum's float(isum) bit for bit unless a partial sum passes 2^24 (Q4_K's
-// bound is 2^24.9 at activations of all +-127; unseen in practice). Either way a row's
-// arithmetic is its own, in a fixed order: batch invariance holds on each. A model takes one
-// of them for all its row counts (IntSum where AMX tiles take 6 rows and more).
+// tiles run: C_j sc_j is an exact float (Q4_K < 2^22, Q6_K < 2^23), and so is each partial
+// sum below 2^24, so FloatSum gives IntSum's float(isum) bit for bit unless a partial sum
+// passes 2^24 (possible only near the bounds, Q4_K 2^24.9 and Q6_K 2^27: activations of all
+// +-127 against extreme weights and scales). Either way a row's arithmetic is its own, in a
+// fixed order: batch invariance holds on each. A model takes one of them for all its row
+// counts (IntSum where AMX tiles take 6 rows and more).
 struct IntSum {
   static constexpr bool HIGH_IN_PLACE = false;
   using Vec = __m512i;
