@@ -162,13 +162,13 @@ def records_mm(x: torch.Tensor, rows: np.ndarray, qtype: Q, tiles: bool) -> torc
 @pytest.mark.parametrize("qtype", TYPES)
 def test_records_compute_the_scalar_paths_sums(qtype, tiles):
     """40 weight rows (two groups of 16 and a padded one), 1..37 activation rows (one vector
-    pass, several passes, partial and several tiles of 16), an outlier row, against the
-    scalar path and the reference."""
+    pass of up to 8 rows for Q4_K and 5 for Q6_K, several passes, partial and several tiles
+    of 16), an outlier row, against the scalar path and the reference."""
     rows = random_blocks(qtype, 40, 768, seed=5)
     x = torch.randn(37, 768)
     x[3] *= 100
     slow = mm(x, rows, qtype, simd=0)
-    for m in (1, 2, 3, 4, 5, 6, 9, 15, 16, 17, 37):  # vectors up to 5 rows, then passes or tiles
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 37):  # one pass, then passes or tiles
         got = records_mm(x[:m].contiguous(), rows, qtype, tiles)
         torch.testing.assert_close(got, slow[:m], rtol=1e-5,
                                    atol=1e-5 * float(slow[:m].abs().max()))
@@ -181,10 +181,10 @@ def test_records_compute_the_scalar_paths_sums(qtype, tiles):
 @pytest.mark.parametrize("tiles", PATHS)
 @pytest.mark.parametrize("qtype", TYPES)
 def test_record_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype, tiles):
-    """1-5 rows take one vpdpbusd pass, more several passes or the tiles (17+: blocks laid
-    out block-major): the same exact sums, so the same bits."""
+    """Up to 8 (Q4_K) or 5 (Q6_K) rows take one vpdpbusd pass, more several passes or the
+    tiles (17+: blocks laid out block-major): each row's own arithmetic, so the same bits."""
     assert_batch_invariant(lambda x, rows, q: records_mm(x, rows, q, tiles), qtype,
-                           (2, 3, 4, 5, 6, 9, 16, 17, 21, 40), seed=6)
+                           (2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 21, 40), seed=6)
 
 
 @pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")

@@ -51,27 +51,25 @@ constexpr int TILE_ROWS = 16;  // activation rows per tile
 // even at 6, slower from 7)
 constexpr int MIN_TILE_ROWS = 6;
 
-// f(std::integral_constant<int, R>{}) for R = rows, 1 <= rows < MIN_TILE_ROWS: one
+// f(std::integral_constant<int, R>{}) for R = rows, 1 <= rows <= MAX (MAX if more): one
 // instantiation of a vector path per row count.
-template <typename F>
+template <int MAX, int R = 1, typename F>
 inline void with_vector_rows(int rows, F&& f) {
-  static_assert(MIN_TILE_ROWS == 6, "a case for each row count below MIN_TILE_ROWS");
-  switch (rows) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    default: return f(std::integral_constant<int, 5>{});
+  if constexpr (R >= MAX) {
+    f(std::integral_constant<int, MAX>{});
+  } else {
+    if (rows <= R) return f(std::integral_constant<int, R>{});
+    with_vector_rows<MAX, R + 1>(rows, f);
   }
 }
 
 // Without tiles (an AVX-512 VNNI CPU without AMX, or DRAFTSMAN_KQUANT_AMX=0 asking for the
-// vectors), more rows than one vector pass takes are split into passes of at most
-// MIN_TILE_ROWS - 1, as even as they go (16 rows: 4 x 4), each block's record passing every
-// pass while it sits in L1: the record is read from memory once and unpacked once
+// vectors), more rows than one vector pass takes (`max`, the block type's PASS_ROWS) are
+// split into passes as even as they go (16 rows of Q4_K: 8 x 2), each block's record passing
+// every pass while it sits in L1: the record is read from memory once and unpacked once
 // (UnpackedWeights), each pass loading the unpacked bytes.
-inline int vector_pass_rows(int rows) {
-  const int passes = (rows + MIN_TILE_ROWS - 2) / (MIN_TILE_ROWS - 1);
+inline int vector_pass_rows(int rows, int max) {
+  const int passes = (rows + max - 1) / max;
   return (rows + passes - 1) / passes;
 }
 
@@ -122,11 +120,12 @@ struct UnpackedWeights {
 template <typename Sum>
 using Q4kUnpacked = UnpackedWeights<Q4kRecord<Sum>, 4, 8>;
 
-// One Q4_K block against R < MIN_TILE_ROWS rows (fewer than tiles pay for): each unpacked
+// One Q4_K block against R <= Q4kPath::PASS_ROWS rows (where tiles run, fewer than they pay
+// for): each unpacked
 // vector of weights meets the rows in registers (vpdpbusd: 4 unsigned weights x 4 signed
 // activations into each column's lane), C_j of sub-block j accumulated per row, then
 // isum = sum_j sc_j C_j; nothing goes through memory between the unpacking and the products.
-// Each pair of sub-blocks is folded into isum as it completes (registers for 5 rows).
+// Each pair of sub-blocks is folded into isum as it completes (registers for 8 rows).
 // Row m's block is xb[m * row_step]; its int8 quants start at xq + m * xstride.
 // Weights: Q4kRecord (unpacked as they are used) or Q4kUnpacked (unpacked once per block for
 // several passes of rows).
@@ -284,9 +283,10 @@ struct Q6kRecord {
 };
 using Q6kUnpacked = UnpackedWeights<Q6kRecord, 8, 4>;
 
-// One Q6_K block against R < MIN_TILE_ROWS rows, as q4k_block_vectors: sub-blocks 2p, 2p + 1
-// come out of one pass over their quad bytes, their C_j in registers, and each row's
-// isum += sc_j (C_j - 32 bsum_j) in exact int32 as they complete: the tiles' integer.
+// One Q6_K block against R <= Q6kPath::PASS_ROWS rows, as q4k_block_vectors: sub-blocks
+// 2p, 2p + 1 come out of one pass over their quad bytes, their C_j in registers, and each
+// row's isum += sc_j (C_j - 32 bsum_j) as they complete (Sum: in int32, the tiles' integer,
+// or in float).
 template <int R, typename Sum, typename Weights>
 inline void q6k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride,
                               const typename Sum::Factor* sc, __m512 d, const Q8Block* xb, int64_t row_step,
@@ -405,6 +405,10 @@ inline const uint8_t* quants(const Q8Block* xb) {
 template <typename Sum>
 struct Q4kPath {
   static constexpr int BYTES = RECORD;
+  // rows in registers at once: 8 (16 sums + 8 totals + 2 weight vectors of 32 zmm). From
+  // memory, one 8960 x 1536 matrix at 6 / 8 rows 0.46 / 0.48 -> 0.38 / 0.43 ms against
+  // passes of at most 5 (float sums)
+  static constexpr int PASS_ROWS = 8;
   using Scales = Q4kScales<Sum>;
   using Record = Q4kRecord<Sum>;
   using Unpacked = Q4kUnpacked<Sum>;
@@ -421,6 +425,9 @@ struct Q4kPath {
 template <typename Sum>
 struct Q6kPath {
   static constexpr int BYTES = Q6_RECORD;
+  // 5: at 8 its 16 scale factors and per-row bsums no longer fit the registers (8 rows from
+  // cache 0.45 -> 0.52 ms)
+  static constexpr int PASS_ROWS = 5;
   using Scales = Q6kScales<Sum>;
   using Record = Q6kRecord;
   using Unpacked = Q6kUnpacked;
@@ -434,7 +441,7 @@ struct Q6kPath {
 #endif
 };
 
-// One group of 16 weight rows against R < MIN_TILE_ROWS activation rows on vectors, the
+// One group of 16 weight rows against R <= P::PASS_ROWS activation rows on vectors, the
 // weights unpacked in registers as they are used: one function per R, so that each gets its
 // own registers. Row m's block b is x[m * row_step + b * block_step].
 template <typename P, int R>
@@ -455,7 +462,7 @@ template <typename P>
 void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                   int rows, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  const int pass = vector_pass_rows(rows);
+  const int pass = vector_pass_rows(rows, P::PASS_ROWS);
   alignas(64) uint8_t bytes[P::Unpacked::BYTES];
   typename P::Unpacked unpacked{bytes};
   for (int64_t b = 0; b < nb; ++b, w += P::BYTES) {
@@ -464,7 +471,7 @@ void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_st
     unpacked.unpack(w);
     for (int m0 = 0; m0 < rows; m0 += pass) {
       const Q8Block* xb = x + b * block_step + m0 * row_step;
-      with_vector_rows(std::min(pass, rows - m0), [&](auto r) {
+      with_vector_rows<P::PASS_ROWS>(std::min(pass, rows - m0), [&](auto r) {
         P::template block<decltype(r)::value>(unpacked, s, xb, xstride, row_step, acc + COLS * m0, ahead);
       });
     }
@@ -477,8 +484,8 @@ void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_st
 template <typename P>
 void group_on_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
                       int rows, float* acc) {
-  if (rows >= MIN_TILE_ROWS) return group_passes<P>(w, x, nb, row_step, block_step, rows, acc);
-  with_vector_rows(rows, [&](auto r) {
+  if (rows > P::PASS_ROWS) return group_passes<P>(w, x, nb, row_step, block_step, rows, acc);
+  with_vector_rows<P::PASS_ROWS>(rows, [&](auto r) {
     group_vectors<P, decltype(r)::value>(w, x, nb, row_step, block_step, acc);
   });
 }
