@@ -31,23 +31,6 @@ void pack_q4k(const uint8_t* blk, int c, uint8_t* rec) {
   }
 }
 
-// The block's 256 6-bit values in order, q[e] = q6k_value(blk, e), read a half (128) at a
-// time: ql[l] holds elements l (low nibble) and l + 64 (high), ql[l + 32] elements l + 32 and
-// l + 96, qh[l] the top 2 bits of all four (bits 0-1, 2-3, 4-5, 6-7).
-void q6k_values(const uint8_t* blk, uint8_t* q) {
-  for (int half = 0; half < 2; ++half) {
-    const uint8_t* ql = blk + 64 * half;
-    const uint8_t* qh = blk + 128 + 32 * half;
-    uint8_t* out = q + 128 * half;
-    for (int l = 0; l < 32; ++l) {
-      out[l] = static_cast<uint8_t>((ql[l] & 15) | ((qh[l] & 3) << 4));
-      out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
-      out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-      out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-    }
-  }
-}
-
 // Each record byte written once from the block's values (element 16j + t of sub-block j,
 // t = 4r + i): QL byte (p, r, c, i) holds sub-block 2p's low 4 bits and 2p + 1's above them,
 // QH byte (u, r, c, i) the top 2 bits of sub-blocks 4u .. 4u + 3 at bits 2s, 2s + 1.

@@ -149,6 +149,23 @@ inline int q6k_value(const uint8_t* w, int e) {
   return lo4 | (hi2 << 4);
 }
 
+// The block's 256 6-bit values in order, q[e] = q6k_value(blk, e), read a half (128) at a
+// time: ql[l] holds elements l (low nibble) and l + 64 (high), ql[l + 32] elements l + 32 and
+// l + 96, qh[l] the top 2 bits of all four (bits 0-1, 2-3, 4-5, 6-7).
+inline void q6k_values(const uint8_t* blk, uint8_t* q) {
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* ql = blk + 64 * half;
+    const uint8_t* qh = blk + 128 + 32 * half;
+    uint8_t* out = q + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      out[l] = static_cast<uint8_t>((ql[l] & 15) | ((qh[l] & 3) << 4));
+      out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
+      out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
 // x [M, K] (float32 or bfloat16) as nb Q8Blocks per row into `out`, row-major (row r's
 // block b at r * nb + b) or block-major (at b * rows + r); rows M..rows-1 are zero blocks
 // (d = 0, q = 0, sums 0). A row narrower than the nb * 256 the weights were padded to (K not
