@@ -326,6 +326,15 @@ def test_engine_static_flag(folders) -> None:
         draftsman.load(str(folders[0]), backend="llama.cpp", static=True)
 
 
+def test_a_static_engine_refuses_early_exit_saying_how_to_run_it(folders) -> None:
+    """On a GPU static steps are the default: a layer-range method loaded without being named
+    is refused with the way out (found on an H200: the message said `--backend torch`, which
+    the engine already was)."""
+    engine = draftsman.load(str(folders[0]), dtype="fp32", device="cpu", static=True)
+    with pytest.raises(UnsupportedError, match=r"--no-static.*methods="):
+        engine.generate("hi", method="big-little", early_exit=1, max_new_tokens=4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_graph_replay_equals_eager_step() -> None:

@@ -36,6 +36,7 @@ class Capabilities:
     ragged_batches: bool = False  # forward(cache=RaggedCaches): several sequences' rows in
     #                               one forward, each with its own cache (models/ragged.py)
     ragged_trees: bool = False  # ... and each segment may carry its own tree mask
+    remedy: str = "use --backend torch"  # what a refused method's message tells the user
 
     def has(self, name: str) -> bool:
         return bool(getattr(self, name))
@@ -46,7 +47,7 @@ def require(caps: Capabilities, name: str, method: str, why: str) -> None:
     if not caps.has(name):
         raise UnsupportedError(
             f"{method} needs {why} ({name}), which the {caps.backend} backend does not "
-            "expose; use --backend torch")
+            f"expose; {caps.remedy}")
 
 
 class Cache(Protocol):

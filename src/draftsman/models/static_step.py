@@ -231,8 +231,11 @@ class StaticModel:
     @property
     def capabilities(self) -> Capabilities:
         backend = "torch --static" + (" --compile" if self.options.compile else "")
+        # on CUDA static steps are the default unless load() is told the methods to come
+        remedy = ("load the model without static steps (--no-static; draftsman.load(..., "
+                  "static=False), or name the method: load(..., methods=[(name, options)]))")
         return replace(self.model.capabilities, backend=backend, input_embeddings=True,
-                       **dict.fromkeys(STATIC_LACKS, False))
+                       remedy=remedy, **dict.fromkeys(STATIC_LACKS, False))
 
     def warm_up(self, capacity: int | None = None) -> None:
         """Compile (with `compile`) and capture (on CUDA) every bucket's step now, on an arena
