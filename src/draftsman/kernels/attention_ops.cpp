@@ -179,7 +179,7 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
 // order per lane. So the invariant above holds on this path too; its results differ from
 // the 8-wide path's in the last bits (another summation order), so a build uses one of them
 // for a head size.
-#if defined(__AVX512F__)
+#if DRAFTSMAN_AVX512_OPS  // AVX-512 F and BW (simd_math.h)
 #define DRAFTSMAN_AVX512 1
 constexpr int64_t ROWS_PER_TASK = 8;
 
@@ -255,6 +255,44 @@ void weigh_values_wide(const float* p, int64_t p_stride, const float* v, int64_t
   }
 }
 
+// A score row's softmax numerators in place: + bias, then e^(x - max) over its s slots, 16
+// lanes at a time. A scalar max and sum over the slots are chains of dependent 4-cycle
+// operations (~1,100 cycles a row at 272 slots, as long as the row's products): the max is
+// exact in any order, and exp16 gives exp_scalar's bits, so only the sum (sum_in_lanes)
+// takes another, still fixed, order.
+void softmax_numerators(float* row, const float* bias, int64_t s) {
+  __m512 top16 = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + 16 <= s; j += 16) {
+    __m512 v = _mm512_loadu_ps(row + j);
+    if (bias) _mm512_storeu_ps(row + j, v = _mm512_add_ps(v, _mm512_loadu_ps(bias + j)));
+    top16 = _mm512_max_ps(top16, v);
+  }
+  float top = _mm512_reduce_max_ps(top16);
+  for (; j < s; ++j) {
+    if (bias) row[j] += bias[j];
+    top = std::fmax(top, row[j]);
+  }
+  const __m512 shift = _mm512_set1_ps(top);
+  for (j = 0; j + 16 <= s; j += 16) _mm512_storeu_ps(row + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), shift)));
+  for (; j < s; ++j) row[j] = exp_scalar(row[j] - top);
+}
+
+// the sum of s floats: 16 lane sums over the slots in order, the tail into lane order, then
+// one fixed tree over the lanes (the same for every row, whatever the other rows)
+float sum_in_lanes(const float* row, int64_t s) {
+  __m512 lanes = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= s; j += 16) lanes = _mm512_add_ps(lanes, _mm512_loadu_ps(row + j));
+  if (j < s) lanes = _mm512_add_ps(lanes, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (s - j)) - 1), row + j));
+  alignas(64) float part[16];
+  _mm512_store_ps(part, lanes);
+  for (int w = 8; w >= 1; w /= 2) {
+    for (int k = 0; k < w; ++k) part[k] += part[k + w];
+  }
+  return part[0];
+}
+
 // a per-thread scratch that only grows (no allocation, page faults or zeroing per call)
 float* scratch(std::vector<float>& buf, int64_t n) {
   if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
@@ -292,30 +330,22 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
       for (int64_t i = 0; i < n; ++i) {
         const int64_t ti = r0 + i / group, h = g * group + i % group;
         const T* qr = q.data_ptr<T>() + bi * q.stride(0) + h * q.stride(1) + ti * q.stride(2);
-        for (int64_t e = 0; e < d; ++e) qf[i * d + e] = to_float(qr[e]) * scale;
+        for (int64_t e = 0; e < d; e += 16) _mm512_storeu_ps(qf + i * d + e, _mm512_mul_ps(load16(qr + e), _mm512_set1_ps(scale)));
       }
       scores_wide(qf, n, kf, s_pad, d, sc);
       for (int64_t i = 0; i < n; ++i) {
-        float* row = sc + i * s_pad;
-        if (bp) {
-          const float* br = bp + bi * bias_b + (r0 + i / group) * bias_t;
-          for (int64_t j = 0; j < s; ++j) row[j] += br[j];
-        }
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < s; ++j) top = std::fmax(top, row[j]);
-        exp_shift(row, s, top);
+        const float* br = bp ? bp + bi * bias_b + (r0 + i / group) * bias_t : nullptr;
+        softmax_numerators(sc + i * s_pad, br, s);
       }
       int64_t i = 0;
       for (; i + 6 <= n; i += 6) weigh_values_wide<6>(sc + i * s_pad, s_pad, vf, s, d, acc + i * d);
       for (; i + 2 <= n; i += 2) weigh_values_wide<2>(sc + i * s_pad, s_pad, vf, s, d, acc + i * d);
       for (; i < n; ++i) weigh_values_wide<1>(sc + i * s_pad, s_pad, vf, s, d, acc + i * d);
       for (int64_t r = 0; r < n; ++r) {
-        float total = 0.f;
-        for (int64_t j = 0; j < s; ++j) total += sc[r * s_pad + j];
-        const float inv = 1.f / total;
+        const __m512 inv = _mm512_set1_ps(1.f / sum_in_lanes(sc + r * s_pad, s));
         const int64_t ti = r0 + r / group, h = g * group + r % group;
         T* orow = op + (bi * t + ti) * hq * d + h * d;
-        for (int64_t e = 0; e < d; ++e) orow[e] = T(acc[r * d + e] * inv);
+        for (int64_t e = 0; e < d; e += 16) store16(orow + e, round16(_mm512_mul_ps(_mm512_loadu_ps(acc + r * d + e), inv), orow));
       }
     }
   });
