@@ -187,6 +187,21 @@ def test_record_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype, til
                            (2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 21, 40), seed=6)
 
 
+@records
+@pytest.mark.parametrize("qtype", TYPES)
+def test_records_of_a_large_matrix_sit_on_huge_page_boundaries_and_compute_the_same(qtype):
+    """Records of 2 MiB and more are allocated 2 MiB aligned (Linux may back them with huge
+    pages): the same sums as the scalar path, the padded columns of the last group zero."""
+    rows = random_blocks(qtype, 1000, 4096, seed=11)  # 63 groups, the last 8 columns short
+    packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(qtype))
+    assert packed.numel() >= 2 << 20 and packed.data_ptr() % (2 << 20) == 0
+    x = torch.randn(9, 4096)
+    got = torch.ops.draftsman.kquant_records_mm(x, packed, int(qtype), 1000, False)
+    slow = mm(x, rows, qtype, simd=0)
+    torch.testing.assert_close(got, slow, rtol=1e-5, atol=1e-5 * float(slow.abs().max()))
+    assert not packed[-1, 16:32].any()  # the f16 d of the 8 missing columns, first record
+
+
 @pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")
 @pytest.mark.parametrize("qtype", TYPES)
 def test_vector_passes_and_tiles_give_the_same_bits(qtype):

@@ -284,9 +284,11 @@ struct Q6kRecord {
 using Q6kUnpacked = UnpackedWeights<Q6kRecord, 8, 4>;
 
 // One Q6_K block against R <= Q6kPath::PASS_ROWS rows, as q4k_block_vectors: sub-blocks
-// 2p, 2p + 1 come out of one pass over their quad bytes, their C_j in registers, and each
-// row's isum += sc_j (C_j - 32 bsum_j) as they complete (Sum: in int32, the tiles' integer,
-// or in float).
+// 2p, 2p + 1 come out of one pass over their quad bytes, their C_j - 32 bsum_j in registers
+// (the accumulators start at the row's -32 bsum_j, Q8Block::q6_offsets: a broadcast load,
+// where a broadcast of 32 bsum_j and a subtraction per row and sub-block took 105 -> 63
+// cycles a record and row at 16 rows from L2), and each row's isum += sc_j (C_j - 32 bsum_j)
+// as they complete (Sum: in int32, the tiles' integer, or in float).
 template <int R, typename Sum, typename Weights>
 inline void q6k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride,
                               const typename Sum::Factor* sc, __m512 d, const Q8Block* xb, int64_t row_step,
@@ -294,8 +296,12 @@ inline void q6k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t
   typename Sum::Vec isum[R];
   for (int m = 0; m < R; ++m) isum[m] = Sum::zero();
   for (int p = 0; p < 8; ++p) {
-    __m512i c[R][2];
-    for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
+    __m512i c[R][2];  // C_j - 32 bsum_j: the offsets first
+    for (int m = 0; m < R; ++m) {
+      const Q8Block& x = xb[m * row_step];
+      c[m][0] = _mm512_set1_epi32(x.q6_offsets[2 * p]);
+      c[m][1] = _mm512_set1_epi32(x.q6_offsets[2 * p + 1]);
+    }
     for (int r = 0; r < 4; ++r) {
       ahead.line();  // 53 lines over 32 steps
       if (r % 2 == 0) ahead.line();
@@ -305,11 +311,7 @@ inline void q6k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t
     }
     // |C_j - 32 bsum_j| <= 16 * 127 * 32 and |sc_j| <= 128: the sum over 16 fits int32
     for (int m = 0; m < R; ++m) {
-      const Q8Block& x = xb[m * row_step];
-      for (int h = 0; h < 2; ++h) {
-        const int j = 2 * p + h;
-        isum[m] = Sum::add(isum[m], _mm512_sub_epi32(c[m][h], _mm512_set1_epi32(32 * x.bsums[j])), sc[j]);
-      }
+      isum[m] = Sum::add(Sum::add(isum[m], c[m][0], sc[2 * p]), c[m][1], sc[2 * p + 1]);
     }
   }
   for (int m = 0; m < R; ++m) q6k_finish_row(Sum::to_float(isum[m]), d, xb[m * row_step], acc + COLS * m);
@@ -425,8 +427,9 @@ struct Q4kPath {
 template <typename Sum>
 struct Q6kPath {
   static constexpr int BYTES = Q6_RECORD;
-  // 5: at 8 its 16 scale factors and per-row bsums no longer fit the registers (8 rows from
-  // cache 0.45 -> 0.52 ms)
+  // 5: 8 rows as two passes of 4 over weights unpacked once beat one pass of 8 unpacking in
+  // registers (q6k_unpack's ~10 operations a vector): 583 vs 773 cycles a record from L2; at
+  // 16 rows 4 passes of 4 and 2 of 8 are level (1013 / 1023)
   static constexpr int PASS_ROWS = 5;
   using Scales = Q6kScales<Sum>;
   using Record = Q6kRecord;

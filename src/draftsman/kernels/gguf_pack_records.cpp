@@ -2,11 +2,18 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "kquant_records.h"
 #include "kquant_blocks.h"
@@ -54,6 +61,27 @@ void pack_q6k(const uint8_t* blk, int c, uint8_t* rec) {
   }
 }
 
+// A zeroed [rows, cols] byte tensor that Linux backs with 2 MiB pages where it allows
+// (transparent huge pages in "madvise" or "always" mode; elsewhere plain pages, the same
+// tensor). A decode step streams ~1 GB of records: on 4 KiB pages every 1.7 records cross a
+// page and the weight prefetcher pays a page walk, and the hardware prefetchers stop at each
+// page; 16 rows of 8960 x 1536 Q4_K from memory measured 1016-1196 -> 935-949 cycles a
+// record (one thread, an Emerald Rapids core), one row 505-570 -> 430-504. Matrices under
+// 2 MiB take plain pages (rounding them up would cost more memory than they gain).
+at::Tensor zeros_on_huge_pages(int64_t rows, int64_t cols) {
+  constexpr size_t HUGE_PAGE = size_t{1} << 21;
+  const size_t bytes = static_cast<size_t>(rows * cols);
+  if (bytes < HUGE_PAGE) return at::zeros({rows, cols}, at::kByte);
+  const size_t length = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+  void* p = std::aligned_alloc(HUGE_PAGE, length);
+  if (p == nullptr) throw std::bad_alloc();
+#if defined(__linux__)
+  madvise(p, length, MADV_HUGEPAGE);  // advice before the first touch; refused: plain pages
+#endif
+  std::memset(p, 0, bytes);
+  return at::from_blob(p, {rows, cols}, [](void* q) { std::free(q); }, at::TensorOptions().dtype(at::kByte));
+}
+
 at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
   TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_pack_records: qtype must be Q4_K or Q6_K");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
@@ -64,7 +92,7 @@ at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
   const int64_t n = w.size(0), nb = w.size(1) / block, groups = (n + COLS - 1) / COLS;
   const int rec_bytes = record_bytes(qtype);
   // padded columns stay zero: d = dmin = 0, so they compute 0 and are never written out
-  at::Tensor out = at::zeros({groups, nb * rec_bytes}, w.options());
+  at::Tensor out = zeros_on_huge_pages(groups, nb * rec_bytes);
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {

@@ -34,6 +34,10 @@ struct alignas(64) Q8Block {
   float d;
   int16_t bsums[QK / 16];  // sums of q over each 16 elements
   int16_t psums[QK / 32];  // sums of q over each 32 elements
+  // -32 bsums as int32: a Q6_K record's sums over a sub-block start here (C_j - 32 bsum_j
+  // with the offset in the accumulator's first value, a broadcast load instead of a
+  // broadcast, a subtraction and a register per row and sub-block)
+  int32_t q6_offsets[QK / 16];
 };
 
 inline float half_to_float(uint16_t h) {
@@ -123,6 +127,7 @@ inline void quantize_row(const float* x, int64_t k, Q8Block* out) {
     quantize_block_scalar(x + b * QK, o);
 #endif
     for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
+    for (int s = 0; s < QK / 16; ++s) o.q6_offsets[s] = -32 * o.bsums[s];
   }
 }
 
