@@ -118,16 +118,87 @@ inline void quantize_block_avx2(const float* xb, Q8Block& o) {
 }
 #endif
 
-inline void quantize_row(const float* x, int64_t k, Q8Block* out) {
-  for (int64_t b = 0; b < k / QK; ++b) {
-    Q8Block& o = out[b];
-#if defined(__AVX2__)
-    quantize_block_avx2(x + b * QK, o);
-#else
-    quantize_block_scalar(x + b * QK, o);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline __m512 load16_floats(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16_floats(const c10::BFloat16* p) {  // bf16 -> float is exact: 16 bits up
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// The 16 lane sums of 16 vectors, in their order: a transposing tree (45 operations where
+// 16 reductions take ~10 each).
+inline __m512i sums_of_16(const __m512i* q) {
+  __m512i w[4];
+  for (int k = 0; k < 4; ++k) {  // 128-bit lane L of w[k]: (q[4k + i] over lane L, i < 4)
+    const __m512i* a = q + 4 * k;
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
+    w[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+  }
+  __m512i v[2];
+  for (int h = 0; h < 2; ++h) {  // lanes (w[2h] L0+L1, w[2h] L2+L3, w[2h+1] L0+L1, w[2h+1] L2+L3)
+    v[h] = _mm512_add_epi32(_mm512_shuffle_i32x4(w[2 * h], w[2 * h + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(w[2 * h], w[2 * h + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_i32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The same values as quantize_block_scalar, 16 at a time, from floats or straight from bf16
+// (no float copy of the row first), the block's 256 values and their q held in registers,
+// the 16 sums of 16 q by one transposing tree instead of a reduction each (16 rows x 8960
+// bf16, one thread: 48 -> 14 us; at 16 rows the quantisation had been ~60 us of a
+// 16-column 8960-wide product's 75).
+template <typename T>
+inline void quantize_block_avx512(const T* xb, Q8Block& o) {
+  __m512 v[QK / 16], top[QK / 16];
+  for (int s = 0; s < QK / 16; ++s) top[s] = _mm512_abs_ps(v[s] = load16_floats(xb + 16 * s));
+  for (int w = QK / 32; w >= 1; w /= 2) {  // a tree, not a chain of 16 dependent maxima
+    for (int s = 0; s < w; ++s) top[s] = _mm512_max_ps(top[s], top[s + w]);
+  }
+  const float amax = _mm512_reduce_max_ps(top[0]);
+  o.d = amax / 127.f;
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m512i q[QK / 16];
+  for (int s = 0; s < QK / 16; ++s) {
+    q[s] = _mm512_cvtps_epi32(_mm512_mul_ps(v[s], inv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q + 16 * s), _mm512_cvtsepi32_epi8(q[s]));
+  }
+  const __m512i sums = sums_of_16(q);  // |sum| <= 16 * 127: int16
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.bsums), _mm512_cvtepi32_epi16(sums));
+  _mm512_storeu_si512(o.q6_offsets, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 5)));
+  for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
+}
 #endif
-    for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
-    for (int s = 0; s < QK / 16; ++s) o.q6_offsets[s] = -32 * o.bsums[s];
+
+// One 256-wide block of floats or bf16 quantised, with the sums every path reads.
+template <typename T>
+inline void quantize_block(const T* xb, Q8Block& o) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  quantize_block_avx512(xb, o);
+#else
+  float f[QK];
+  for (int i = 0; i < QK; ++i) f[i] = static_cast<float>(xb[i]);
+#if defined(__AVX2__)
+  quantize_block_avx2(f, o);
+#else
+  quantize_block_scalar(f, o);
+#endif
+  for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
+  for (int s = 0; s < QK / 16; ++s) o.q6_offsets[s] = -32 * o.bsums[s];
+#endif
+}
+
+// A row of k floats or bf16 as nb blocks, zero-padded past k (the last block through a
+// zeroed copy): the blocks of the row padded to nb * 256 first.
+template <typename T>
+inline void quantize_row(const T* x, int64_t k, int64_t nb, Q8Block* out) {
+  const int64_t whole = std::min(nb, k / QK);
+  for (int64_t b = 0; b < whole; ++b) quantize_block(x + b * QK, out[b]);
+  for (int64_t b = whole; b < nb; ++b) {
+    T tail[QK] = {};
+    for (int64_t i = b * QK; i < std::min(k, (b + 1) * QK); ++i) tail[i - b * QK] = x[i];
+    quantize_block(tail, out[b]);
   }
 }
 
@@ -179,22 +250,19 @@ inline void q6k_values(const uint8_t* blk, uint8_t* q) {
 // other rows. `out` only grows, so a caller may keep it across calls.
 inline void quantize_rows_into(const at::Tensor& x, int64_t rows, int64_t nb, bool block_major,
                                std::vector<Q8Block>& out) {
-  const int64_t m = x.size(0), k = x.size(1), width = nb * QK;
+  const int64_t m = x.size(0), k = x.size(1);
   if (static_cast<int64_t>(out.size()) < rows * nb) out.resize(static_cast<size_t>(rows * nb));
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(width), 0.f);  // past k: zeros, never written
     std::vector<Q8Block> scattered(block_major ? static_cast<size_t>(nb) : 0);
     for (int64_t r = begin; r < end; ++r) {
       Q8Block* blocks = block_major ? scattered.data() : out.data() + r * nb;
       if (r < m) {
         if (bf16) {
-          const c10::BFloat16* xr = x.data_ptr<c10::BFloat16>() + r * k;
-          for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(xr[i]);
+          quantize_row(x.data_ptr<c10::BFloat16>() + r * k, k, nb, blocks);
         } else {
-          std::memcpy(row.data(), x.data_ptr<float>() + r * k, sizeof(float) * k);
+          quantize_row(x.data_ptr<float>() + r * k, k, nb, blocks);
         }
-        quantize_row(row.data(), width, blocks);
       } else {
         std::fill(blocks, blocks + nb, Q8Block{});
       }
