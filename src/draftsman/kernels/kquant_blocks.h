@@ -146,8 +146,8 @@ inline __m512i sums_of_16(const __m512i* q) {
 
 // The same values as quantize_block_scalar, 16 at a time, from floats or straight from bf16
 // (no float copy of the row first), the block's 256 values and their q held in registers,
-// the 16 sums of 16 q by one transposing tree instead of a reduction each (16 rows x 8960
-// bf16, one thread: 48 -> 14 us; at 16 rows the quantisation had been ~60 us of a
+// the maxima and the 16 sums of 16 q as trees, not chains or a reduction each (16 rows x 8960
+// bf16, one thread: 48 -> 32 us; at 16 rows the quantisation had been ~50 us of a
 // 16-column 8960-wide product's 75).
 template <typename T>
 inline void quantize_block_avx512(const T* xb, Q8Block& o) {
