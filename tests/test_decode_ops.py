@@ -83,13 +83,21 @@ def test_short_attention_matches_matmul_attention(dtype, d):
                                atol=1e-5 if dtype == torch.float32 else 1e-2)
 
 
-@pytest.mark.parametrize(("d", "rows"), [(40, 5), (64, 5), (128, 11)])
+@pytest.mark.parametrize(("d", "rows"), [(40, 5), (64, 5), (128, 11), (128, 40)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_short_attention_rows_are_one_row_calls(dtype, d, rows):
-    # 11 rows: a task of 8 and one of 3 on the AVX-512 path; 37 + t keys: a padded last block
+    # the AVX-512 path's tasks: 11 rows one chunk or (one thread a head) several; 40 rows
+    # chunks of at most 16; 37 + t keys: a padded last block. Any thread count, the same bits.
     q, keys, values = attention_inputs(dtype, t=rows, d=d)
     bias = additive_mask(causal_mask(37, rows, q.device))
     got = ops.short_attention(q, keys, values, bias, 0.1)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(ops.short_attention(q, keys, values, bias, 0.1), got), n
+    finally:
+        torch.set_num_threads(threads)
     for t in range(rows):
         end = 37 + t + 1  # the slots a one-token decode at this position would see
         alone = ops.short_attention(q[:, :, t:t + 1], keys[:, :, :end], values[:, :, :end],

@@ -169,9 +169,9 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
   });
 }
 
-// ---- the AVX-512 path: up to 8 new rows of a KV head share each key and value read ----
+// ---- the AVX-512 path: up to 16 new rows of a KV head share each key and value read ----
 //
-// A task is (batch, KV head, up to ROWS_PER_TASK new rows): its keys and values are widened
+// A task is (batch, KV head, up to MAX_ROWS_PER_TASK new rows): its keys and values are widened
 // to float once and every query row of the task (group x rows) is scored against them. A
 // score is d/16 lane-wise fmas in order over the head dimension, then one fixed tree over
 // the 16 lanes (`sum_lanes8`), whatever the key's place in its block of 8 (the last block
@@ -181,7 +181,16 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
 // for a head size.
 #if DRAFTSMAN_AVX512_OPS  // AVX-512 F and BW (simd_math.h)
 #define DRAFTSMAN_AVX512 1
-constexpr int64_t ROWS_PER_TASK = 8;
+constexpr int64_t MAX_ROWS_PER_TASK = 16;
+
+// New rows per task: as few chunks of rows as keep every thread busy, since each chunk widens
+// its head's keys and values again (16 rows, 2 KV heads, 2 threads: one chunk of 16 a head,
+// not two of 8), and at most MAX_ROWS_PER_TASK rows each (a prompt's scores stay in L2).
+inline int64_t rows_per_task(int64_t t, int64_t heads) {
+  const int64_t wanted = std::max<int64_t>(1, (at::get_num_threads() + heads - 1) / heads);
+  const int64_t chunks = std::max((t + MAX_ROWS_PER_TASK - 1) / MAX_ROWS_PER_TASK, std::min(wanted, t));
+  return (t + chunks - 1) / chunks;
+}
 
 // the 16 lanes of each of 8 accumulators summed, one tree for each: 8 dot products
 inline __m256 sum_lanes8(const __m512* a) {
@@ -304,7 +313,8 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
                  const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
   const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t hkv = keys.size(1), s = keys.size(2), group = hq / hkv;
-  const int64_t s_pad = (s + 7) / 8 * 8, chunks = (t + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+  const int64_t s_pad = (s + 7) / 8 * 8, per_task = rows_per_task(t, b * hkv);
+  const int64_t chunks = (t + per_task - 1) / per_task;
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int64_t bias_b = bias && bias->size(0) > 1 ? bias->stride(0) : 0;
   const int64_t bias_t = bias ? bias->stride(2) : 0;
@@ -313,7 +323,7 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     thread_local std::vector<float> kbuf, vbuf, qbuf, sbuf, abuf;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bi = task / (hkv * chunks), g = (task / chunks) % hkv;
-      const int64_t r0 = (task % chunks) * ROWS_PER_TASK, rows = std::min(ROWS_PER_TASK, t - r0);
+      const int64_t r0 = (task % chunks) * per_task, rows = std::min(per_task, t - r0);
       const int64_t n = rows * group;  // query rows: (new row, head in the group)
       float* kf = scratch(kbuf, s_pad * d);
       float* vf = scratch(vbuf, s * d);
