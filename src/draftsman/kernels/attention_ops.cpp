@@ -171,12 +171,13 @@ void attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& value
 
 // ---- the AVX-512 path: up to 16 new rows of a KV head share each key and value read ----
 //
-// A task is (batch, KV head, up to MAX_ROWS_PER_TASK new rows): its keys and values are widened
-// to float once and every query row of the task (group x rows) is scored against them. A
-// score is d/16 lane-wise fmas in order over the head dimension, then one fixed tree over
-// the 16 lanes (`sum_lanes8`), whatever the key's place in its block of 8 (the last block
-// is padded with zero keys) and whatever the other rows; a value sum runs over the slots in
-// order per lane. So the invariant above holds on this path too; its results differ from
+// A task is (batch, KV head, up to MAX_ROWS_PER_TASK new rows): its keys (transposed) and
+// values are widened to float once and every query row of the task (group x rows) is scored
+// against them. A score is one chain of d fmas in order over the head dimension, 16 keys a
+// vector (no sum across lanes: with keys row by row, 16 lane sums and a tree per score cost
+// as much as the products; 16 rows at 272 slots, one thread, the whole attention 250 -> 200 us), whatever
+// the key's place (the last 16 padded with zero keys) and whatever the other rows; a value
+// sum runs over the slots in order per lane. So the invariant above holds on this path too; its results differ from
 // the 8-wide path's in the last bits (another summation order), so a build uses one of them
 // for a head size.
 #if DRAFTSMAN_AVX512_OPS  // AVX-512 F and BW (simd_math.h)
@@ -192,49 +193,84 @@ inline int64_t rows_per_task(int64_t t, int64_t heads) {
   return (t + chunks - 1) / chunks;
 }
 
-// the 16 lanes of each of 8 accumulators summed, one tree for each: 8 dot products
-inline __m256 sum_lanes8(const __m512* a) {
-  __m256 h[8];
-  for (int k = 0; k < 8; ++k) {
-    const __m256 top = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[k]), 1));
-    h[k] = _mm256_add_ps(_mm512_castps512_ps256(a[k]), top);
+// 16 x 16 floats transposed in registers: r[i] lane j <- r[j] lane i (4 rounds of shuffles)
+inline void transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   }
-  // hadd(hadd(h0, h1), hadd(h2, h3)) = [h0..h3 over lanes 0-3 | h0..h3 over lanes 4-7]
-  const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-  const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+  for (int i = 0; i < 16; i += 4) {
+    for (int h = 0; h < 2; ++h) {
+      r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + h]), _mm512_castps_pd(t[i + 2 + h])));
+      r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + h]), _mm512_castps_pd(t[i + 2 + h])));
+    }
+  }
+  for (int i = 0; i < 16; i += 8) {
+    for (int h = 0; h < 4; ++h) {
+      t[i + h] = _mm512_shuffle_f32x4(r[i + h], r[i + 4 + h], 0x88);
+      t[i + 4 + h] = _mm512_shuffle_f32x4(r[i + h], r[i + 4 + h], 0xDD);
+    }
+  }
+  for (int h = 0; h < 8; ++h) {
+    r[h] = _mm512_shuffle_f32x4(t[h], t[8 + h], 0x88);
+    r[8 + h] = _mm512_shuffle_f32x4(t[h], t[8 + h], 0xDD);
+  }
 }
 
-// sc[i][j0..j0+8) = q_i . k_j for query rows q [n x d] against keys k [s_pad x d] (s_pad a
-// multiple of 8); two query rows at a time share each key load
-void scores_wide(const float* q, int64_t n, const float* k, int64_t s_pad, int64_t d, float* sc) {
-  for (int64_t j0 = 0; j0 < s_pad; j0 += 8) {
-    const float* kb = k + j0 * d;
-    int64_t i = 0;
-    for (; i + 2 <= n; i += 2) {
-      __m512 a[8], b[8];
-      for (int c = 0; c < 8; ++c) a[c] = b[c] = _mm512_setzero_ps();
-      for (int64_t e = 0; e < d; e += 16) {
-        const __m512 qa = _mm512_loadu_ps(q + i * d + e), qb = _mm512_loadu_ps(q + (i + 1) * d + e);
-        for (int c = 0; c < 8; ++c) {
-          const __m512 kv = _mm512_loadu_ps(kb + c * d + e);
-          a[c] = _mm512_fmadd_ps(qa, kv, a[c]);
-          b[c] = _mm512_fmadd_ps(qb, kv, b[c]);
-        }
-      }
-      _mm256_storeu_ps(sc + i * s_pad + j0, sum_lanes8(a));
-      _mm256_storeu_ps(sc + (i + 1) * s_pad + j0, sum_lanes8(b));
-    }
-    for (; i < n; ++i) {
-      __m512 a[8];
-      for (int c = 0; c < 8; ++c) a[c] = _mm512_setzero_ps();
-      for (int64_t e = 0; e < d; e += 16) {
-        const __m512 qa = _mm512_loadu_ps(q + i * d + e);
-        for (int c = 0; c < 8; ++c) a[c] = _mm512_fmadd_ps(qa, _mm512_loadu_ps(kb + c * d + e), a[c]);
-      }
-      _mm256_storeu_ps(sc + i * s_pad + j0, sum_lanes8(a));
+// keys [s x d] (rows kstride apart; d a multiple of 16) as floats transposed, kt [d x s16]
+// (s16 = s rounded up to 16, the padded keys zero): a score block is then 16 keys of one
+// query row in one vector, with no sum across lanes
+template <typename T>
+void transposed_keys(const T* k, int64_t kstride, int64_t s, int64_t d, float* kt, int64_t s16) {
+  for (int64_t j0 = 0; j0 < s16; j0 += 16) {
+    for (int64_t e0 = 0; e0 < d; e0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = j0 + i < s ? load16(k + (j0 + i) * kstride + e0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(kt + (e0 + i) * s16 + j0, r[i]);
     }
   }
+}
+
+// sc[i][j] = q_i . k_j for R query rows from q (rows d apart) and 16 V keys from j0 of kt:
+// each score a chain of d fmas in order over the head dimension, whatever R, V or j0, so a
+// row's scores are the same alone or among others
+template <int R, int V>
+inline void scores_block(const float* q, int64_t d, const float* kt, int64_t s16, int64_t j0, float* sc) {
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t e = 0; e < d; ++e) {
+    __m512 kv[V];
+    for (int v = 0; v < V; ++v) kv[v] = _mm512_loadu_ps(kt + e * s16 + j0 + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m512 qe = _mm512_set1_ps(q[r * d + e]);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(qe, kv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(sc + r * s16 + j0 + 16 * v, acc[r][v]);
+  }
+}
+
+// R query rows' scores against all s16 keys: 64 keys a block, then 16 at a time
+template <int R>
+void scores_rows(const float* q, int64_t d, const float* kt, int64_t s16, float* sc) {
+  int64_t j0 = 0;
+  for (; j0 + 64 <= s16; j0 += 64) scores_block<R, 4>(q, d, kt, s16, j0, sc);
+  for (; j0 < s16; j0 += 16) scores_block<R, 1>(q, d, kt, s16, j0, sc);
+}
+
+// sc[i][j] = q_i . k_j for query rows q [n x d] against kt [d x s16]: 4 rows x 64 keys a
+// block (16 accumulators, each key vector loaded once for 4 rows), the last rows 2 or 1 at
+// a time (a group of 6 query heads: 4 + 2)
+void scores_wide(const float* q, int64_t n, const float* kt, int64_t s16, int64_t d, float* sc) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) scores_rows<4>(q + i * d, d, kt, s16, sc + i * s16);
+  for (; i + 2 <= n; i += 2) scores_rows<2>(q + i * d, d, kt, s16, sc + i * s16);
+  for (; i < n; ++i) scores_rows<1>(q + i * d, d, kt, s16, sc + i * s16);
 }
 
 // out[r] = sum_j p[r][j] v_j for R rows (p rows p_stride apart, out rows d apart), v [s x d]
@@ -313,7 +349,7 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
                  const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
   const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t hkv = keys.size(1), s = keys.size(2), group = hq / hkv;
-  const int64_t s_pad = (s + 7) / 8 * 8, per_task = rows_per_task(t, b * hkv);
+  const int64_t s_pad = (s + 15) / 16 * 16, per_task = rows_per_task(t, b * hkv);
   const int64_t chunks = (t + per_task - 1) / per_task;
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int64_t bias_b = bias && bias->size(0) > 1 ? bias->stride(0) : 0;
@@ -332,11 +368,8 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
       float* acc = scratch(abuf, n * d);
       const T* kb = keys.data_ptr<T>() + bi * keys.stride(0) + g * keys.stride(1);
       const T* vb = values.data_ptr<T>() + bi * values.stride(0) + g * values.stride(1);
-      for (int64_t j = 0; j < s; ++j) {
-        to_floats(kb + j * keys.stride(2), d, kf + j * d);
-        to_floats(vb + j * values.stride(2), d, vf + j * d);
-      }
-      std::fill(kf + s * d, kf + s_pad * d, 0.f);
+      transposed_keys(kb, keys.stride(2), s, d, kf, s_pad);
+      for (int64_t j = 0; j < s; ++j) to_floats(vb + j * values.stride(2), d, vf + j * d);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t ti = r0 + i / group, h = g * group + i % group;
         const T* qr = q.data_ptr<T>() + bi * q.stride(0) + h * q.stride(1) + ti * q.stride(2);
