@@ -249,3 +249,24 @@ def test_q4_models_take_the_records_where_the_cpu_has_vnni():
         rows = random_blocks(qtype, 32, 256, seed=9)
         matrix = kquant_matrix([BlockTensor("w", int(qtype), (32, 256), rows)])
         assert isinstance(matrix, KQuantRecordsMatrix) and matrix.tiles == kquant_amx()
+
+
+@records
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_projection_of_q4k_and_q6k_parts_writes_each_part_in_place(dtype):
+    """A fused projection whose parts are records of two block types (Q4_K q/k, Q6_K v)
+    writes each part's columns into one output: the concatenation of the parts' own
+    products, the bias added once; a bad output slice is refused in one line."""
+    from draftsman.models.quant_linear import KQuantRecordsMatrix, QuantLinear
+    from draftsman.store.gguf_blocks import BlockTensor
+
+    a, b = random_blocks(Q.Q4_K, 40, 512, seed=12), random_blocks(Q.Q6_K, 24, 512, seed=13)
+    parts = [KQuantRecordsMatrix([BlockTensor("w", int(q), (r.shape[0], 512), r)])
+             for q, r in ((Q.Q4_K, a), (Q.Q6_K, b))]
+    bias = torch.randn(64)
+    linear = QuantLinear(parts, 512, bias, dtype)
+    x = torch.randn(2, 9, 512).to(dtype)
+    want = torch.cat([p(x.reshape(9 * 2, 512)) for p in parts], dim=-1).add_(bias.to(dtype))
+    assert torch.equal(linear(x), want.reshape(2, 9, 64))
+    with pytest.raises(RuntimeError, match="out must be a contiguous"):
+        parts[1].forward_into(x.reshape(18, 512), torch.empty(18, 30, dtype=dtype), 10)

@@ -520,9 +520,10 @@ bool amx_available() {
 
 bool records_available() { return DRAFTSMAN_RECORDS != 0; }
 
+// y[:, col:col + n] = x W^T into y [M, >= col + n] (rows y.size(1) apart), in x's dtype.
 // tiles: whether 6 or more rows take AMX tiles (false: vectors only, as a CPU without AMX)
-at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
-                         bool use_tiles) {
+void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
+                         bool use_tiles, at::Tensor& y, int64_t col) {
   TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has no AVX-512 VNNI");
   TORCH_CHECK(!use_tiles || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
   TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_records_mm: qtype must be Q4_K or Q6_K");
@@ -539,8 +540,11 @@ at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int6
                   n > (groups - 1) * COLS && n <= groups * COLS,
               "kquant_records_mm: packed holds ", groups, " groups of ", packed.size(1),
               " bytes, not ", n, " rows of width ", k);
-  at::Tensor y = at::empty({m, n}, x.options());
-  if (m == 0) return y;  // no rows: nothing to read (the vector paths take at least one)
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == m && y.scalar_type() == x.scalar_type() && y.stride(1) == 1 &&
+                  y.stride(0) == y.size(1) && col >= 0 && col + n <= y.size(1),
+              "kquant_records_mm: out must be a contiguous [M, >= col + n] tensor in x's dtype");
+  if (m == 0) return;  // no rows: nothing to read (the vector paths take at least one)
+  const int64_t ldy = y.size(1);
 #if DRAFTSMAN_RECORDS
   // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
   const bool tiles = use_tiles && m >= MIN_TILE_ROWS;
@@ -555,8 +559,8 @@ at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int6
   quantize_rows_into(x, tiled, nb, by_block, xs);
   const Q8Block* xdata = xs.data();  // a lambda's `xs` would be its own thread's
   const int64_t row_step = by_block ? 1 : nb, block_step = by_block ? tiled : 1;
-  float* yf = bf16 ? nullptr : y.data_ptr<float>();
-  c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() : nullptr;
+  float* yf = bf16 ? nullptr : y.data_ptr<float>() + col;
+  c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() + col : nullptr;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   // Each group of 16 output columns is one thread's work: every tile of activation rows
   // passes each of its blocks as it is unpacked.
@@ -580,9 +584,9 @@ at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int6
       for (int64_t r = 0; r < m; ++r) {
         const __m512 v = _mm512_load_ps(acc + COLS * r);
         if (bf16) {
-          _mm256_mask_storeu_epi16(yb + r * n + g * COLS, keep, to_bf16(v));
+          _mm256_mask_storeu_epi16(yb + r * ldy + g * COLS, keep, to_bf16(v));
         } else {
-          _mm512_mask_storeu_ps(yf + r * n + g * COLS, keep, v);
+          _mm512_mask_storeu_ps(yf + r * ldy + g * COLS, keep, v);
         }
       }
     }
@@ -591,7 +595,20 @@ at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int6
 #endif
   });
 #endif
+}
+
+at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
+                             bool use_tiles) {
+  at::Tensor y = at::empty({x.size(0), n}, x.options());
+  kquant_records_into(x, packed, qtype, n, use_tiles, y, 0);
   return y;
+}
+
+// The same into columns col..col + n - 1 of `out`: a fused projection's parts write their
+// columns in place instead of being concatenated (a copy of the whole output per call)
+void kquant_records_mm_out(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
+                           bool use_tiles, at::Tensor out, int64_t col) {
+  kquant_records_into(x, packed, qtype, n, use_tiles, out, col);
 }
 
 }  // namespace
@@ -599,10 +616,12 @@ at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int6
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
   // tiles: whether 6 or more rows take AMX tiles (False: VNNI vectors, as without AMX)
   m.def("kquant_records_mm(Tensor x, Tensor packed, int qtype, int n, bool tiles) -> Tensor");
+  m.def("kquant_records_mm_out(Tensor x, Tensor packed, int qtype, int n, bool tiles, Tensor(a!) out, int col) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
   m.impl("kquant_records_mm", &kquant_records_mm);
+  m.impl("kquant_records_mm_out", &kquant_records_mm_out);
 }
 
 // Whether K-quant matrices can run on AMX tiles here: built with AMX-INT8 and granted by Linux.

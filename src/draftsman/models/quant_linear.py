@@ -197,6 +197,12 @@ class KQuantRecordsMatrix(nn.Module):
         return torch.ops.draftsman.kquant_records_mm(x, self.packed, self.qtype,
                                                      self.out_features, self.tiles)
 
+    def forward_into(self, x: torch.Tensor, out: torch.Tensor, col: int) -> None:
+        """out[:, col:col + out_features] = forward(x), in place: x [M, K] contiguous float32
+        or bfloat16, out [M, >= col + out_features] contiguous in x's dtype."""
+        torch.ops.draftsman.kquant_records_mm_out(x, self.packed, self.qtype, self.out_features,
+                                                  self.tiles, out, col)
+
 
 def requantized_q4k(w: torch.Tensor) -> nn.Module:
     """[N, K] float weights as Q4_K blocks on the K-quant kernel, K padded with zero weights
@@ -333,6 +339,8 @@ class QuantLinear(nn.Module):
         self.out_features = sum(p.out_features for p in parts)
         self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
         self.dtype = dtype
+        self._into = dtype in (torch.float32, torch.bfloat16) and all(
+            isinstance(p, KQuantRecordsMatrix) for p in parts)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -348,8 +356,15 @@ class QuantLinear(nn.Module):
             x2 = x2.to(self.dtype, memory_format=torch.contiguous_format)
         # `forward` itself, not the module call: no hooks are ever set on these parts, and a
         # draft's decode step makes ~100 such calls (the call's bookkeeping was ~4% of it)
-        ys = [p.forward(x2) for p in self.parts]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        if len(self.parts) > 1 and self._into:  # each part writes its columns: no cat
+            y = x2.new_empty(x2.shape[0], self.out_features)
+            col = 0
+            for p in self.parts:
+                p.forward_into(x2, y, col)
+                col += p.out_features
+        else:
+            ys = [p.forward(x2) for p in self.parts]
+            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         if self.bias is not None:
             y = y.add_(self.bias)  # y is the kernels' fresh output
         return y.reshape(*shape[:-1], self.out_features)
