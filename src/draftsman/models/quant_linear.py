@@ -198,8 +198,7 @@ class KQuantRecordsMatrix(nn.Module):
                                                      self.out_features, self.tiles)
 
     def forward_into(self, x: torch.Tensor, out: torch.Tensor, col: int) -> None:
-        """out[:, col:col + out_features] = forward(x), in place: x [M, K] contiguous float32
-        or bfloat16, out [M, >= col + out_features] contiguous in x's dtype."""
+        """out[:, col:col + out_features] = forward(x) in place (x [M, K], out in its dtype)."""
         torch.ops.draftsman.kquant_records_mm_out(x, self.packed, self.qtype, self.out_features,
                                                   self.tiles, out, col)
 
@@ -357,8 +356,7 @@ class QuantLinear(nn.Module):
         # `forward` itself, not the module call: no hooks are ever set on these parts, and a
         # draft's decode step makes ~100 such calls (the call's bookkeeping was ~4% of it)
         if len(self.parts) > 1 and self._into:  # each part writes its columns: no cat
-            y = x2.new_empty(x2.shape[0], self.out_features)
-            col = 0
+            y, col = x2.new_empty(x2.shape[0], self.out_features), 0
             for p in self.parts:
                 p.forward_into(x2, y, col)
                 col += p.out_features
