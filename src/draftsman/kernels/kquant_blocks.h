@@ -16,6 +16,8 @@
 #include <immintrin.h>
 #endif
 
+#include "simd_math.h"  // load16 (floats or bf16 as 16 floats), DRAFTSMAN_AVX512_OPS
+
 namespace draftsman_kquant {
 
 constexpr int QK = 256;  // weights per super-block
@@ -118,13 +120,7 @@ inline void quantize_block_avx2(const float* xb, Q8Block& o) {
 }
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-inline __m512 load16_floats(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16_floats(const c10::BFloat16* p) {  // bf16 -> float is exact: 16 bits up
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-
+#if DRAFTSMAN_AVX512_OPS
 // The 16 lane sums of 16 vectors, in their order: a transposing tree (45 operations where
 // 16 reductions take ~10 each).
 inline __m512i sums_of_16(const __m512i* q) {
@@ -152,7 +148,7 @@ inline __m512i sums_of_16(const __m512i* q) {
 template <typename T>
 inline void quantize_block_avx512(const T* xb, Q8Block& o) {
   __m512 v[QK / 16], top[QK / 16];
-  for (int s = 0; s < QK / 16; ++s) top[s] = _mm512_abs_ps(v[s] = load16_floats(xb + 16 * s));
+  for (int s = 0; s < QK / 16; ++s) top[s] = _mm512_abs_ps(v[s] = draftsman_simd::load16(xb + 16 * s));
   for (int w = QK / 32; w >= 1; w /= 2) {  // a tree, not a chain of 16 dependent maxima
     for (int s = 0; s < w; ++s) top[s] = _mm512_max_ps(top[s], top[s + w]);
   }
@@ -174,7 +170,7 @@ inline void quantize_block_avx512(const T* xb, Q8Block& o) {
 // One 256-wide block of floats or bf16 quantised, with the sums every path reads.
 template <typename T>
 inline void quantize_block(const T* xb, Q8Block& o) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if DRAFTSMAN_AVX512_OPS
   quantize_block_avx512(xb, o);
 #else
   float f[QK];
