@@ -34,12 +34,11 @@ import torch
 
 from draftsman.hardware import cpu_flags, cpu_model
 from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, kquant_records
+from draftsman.models.int8_linear import Int8Matrix, OneDnnInt8Matrix
 from draftsman.models.quant_linear import (
     Int4Matrix,
-    Int8Matrix,
     KQuantMatrix,
     KQuantRecordsMatrix,
-    OneDnnInt8Matrix,
     decode_int4,
 )
 from draftsman.models.weight_formats import activation_bits

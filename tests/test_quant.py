@@ -21,11 +21,11 @@ from draftsman.errors import DraftsmanError, UnsupportedError
 from draftsman.kernels.native import kquant_available
 from draftsman.models import quant_linear
 from draftsman.models.config import ModelConfig
+from draftsman.models.int8_linear import Int8Matrix
 from draftsman.models.loader import build_model
 from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.models.quant_linear import (
     Int4Matrix,
-    Int8Matrix,
     QuantLinear,
     decode_int4,
     dequantize_rows,
@@ -50,18 +50,20 @@ BF16_REL = 2.0 ** -7  # bf16 ulp relative to a value in [1, 2): rounding is half
 
 
 def random_blocks(qtype: Q, n: int, k: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
-    """Valid random K-quant blocks (gguf has no quantiser for them): random bytes, then
-    small fp16 super-block scales so the weights look like an initialised model's."""
+    """Valid random K-quant (or Q8_0) blocks (gguf has no quantiser for K-quants): random
+    bytes, then small fp16 block scales so the weights look like an initialised model's."""
     rng = np.random.default_rng(seed)
-    size = {Q.Q4_K: 144, Q.Q6_K: 210}[qtype]
-    b = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
+    size, width = {Q.Q4_K: (144, 256), Q.Q6_K: (210, 256), Q.Q8_0: (34, 32)}[qtype]
+    b = rng.integers(0, 256, (n, k // width, size), dtype=np.uint8)
 
     def f16(high: float) -> np.ndarray:
-        return (rng.uniform(0.5, 1, (n, k // 256, 1)) * high * scale).astype(
+        return (rng.uniform(0.5, 1, (n, k // width, 1)) * high * scale).astype(
             np.float16).view(np.uint8)
 
     if qtype == Q.Q4_K:
         b[..., 0:2], b[..., 2:4] = f16(1.5e-4), f16(2e-3)
+    elif qtype == Q.Q8_0:
+        b[..., 0:2] = f16(2e-4)
     else:
         b[..., 208:210] = f16(2e-5)
     return b.reshape(n, -1)
@@ -219,8 +221,8 @@ def use_path(monkeypatch, path: str) -> None:
 
 
 NATIVE = "KQuantRecordsMatrix" if quant_linear.kquant_records() else "KQuantMatrix"
-INT8 = "OneDnnInt8Matrix" if int8_kernel() == "onednn" else "Int8Matrix"
-INT8_TOLERANCE = 0.05 if int8_kernel() == "onednn" else 0.02
+INT8 = "Int8Matrix" if int8_kernel() == "packed" else "OneDnnInt8Matrix"  # records: not here
+INT8_TOLERANCE = 0.02 if int8_kernel() == "packed" else 0.05
 PATHS = {"native": ([NATIVE, NATIVE], "Q4_K -> Q4_K kernel (as stored)",
                     "Q6_K -> Q6_K kernel (as stored)"),
          "native-vector": (["KQuantMatrix", "KQuantMatrix"], "Q4_K -> Q4_K kernel (as stored)",
@@ -287,7 +289,9 @@ def test_q8_without_blocks_quantises_the_models_own_weights():
     config, state, _ = gguf_model("qwen2")
     ref = build_model(config, state, torch.float32)
     q = quantize_model(build_model(config, state, torch.float32), "q8")
-    assert q.quant_summary == {"float -> int8 per row": 2 * 4 + 1}
+    how = ("float -> Q8_0 records (requantised)" if quant_linear.q8_records()
+           else "float -> int8 per row")
+    assert q.quant_summary == {how: 2 * 4 + 1}
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     want = ref(ids, torch.arange(8)[None], ref.new_cache(8)).logits
     got = q(ids, torch.arange(8)[None], q.new_cache(8)).logits

@@ -1,4 +1,4 @@
-// Repacks K-quant weight rows into AMX records (kquant_records.h), once at load.
+// Repacks K-quant (and Q8_0) weight rows into AMX records (kquant_records.h), once at load.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -6,6 +6,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -61,6 +62,18 @@ void pack_q6k(const uint8_t* blk, int c, uint8_t* rec) {
   }
 }
 
+// Q8_0 blocks j = 0..count-1 of a record (each 32 wide: d f16, 32 int8 q) from `blk`
+void pack_q8_0(const uint8_t* blk, int count, int c, uint8_t* rec) {
+  for (int j = 0; j < count; ++j, blk += Q8_0_BYTES) {
+    std::memcpy(rec + Q8_OFF_D + 2 * (COLS * j + c), blk, 2);
+    for (int r = 0; r < 8; ++r) {
+      for (int i = 0; i < 4; ++i) {
+        rec[Q8_OFF_Q + 512 * j + 64 * r + 4 * c + i] = static_cast<uint8_t>(blk[2 + 4 * r + i] ^ 0x80);  // q + 128
+      }
+    }
+  }
+}
+
 // A zeroed [rows, cols] byte tensor that Linux backs with 2 MiB pages where it allows
 // (transparent huge pages in "madvise" or "always" mode; elsewhere plain pages, the same
 // tensor). A decode step streams ~1 GB of records: on 4 KiB pages every 1.7 records cross a
@@ -83,13 +96,17 @@ at::Tensor zeros_on_huge_pages(int64_t rows, int64_t cols) {
 }
 
 at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
-  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K, "kquant_pack_records: qtype must be Q4_K or Q6_K");
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0,
+              "kquant_pack_records: qtype must be Q4_K, Q6_K or Q8_0");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "kquant_pack_records: w must be a contiguous uint8 [N, bytes] tensor of K-quant rows");
-  const int64_t block = qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES;
+  const int64_t block = qtype == TYPE_Q4_K ? Q4K_BYTES : qtype == TYPE_Q6_K ? Q6K_BYTES : Q8_0_BYTES;
   TORCH_CHECK(w.size(1) % block == 0, "kquant_pack_records: rows of ", w.size(1),
               " bytes are not whole blocks");
-  const int64_t n = w.size(0), nb = w.size(1) / block, groups = (n + COLS - 1) / COLS;
+  // Q8_0: 8 blocks of 32 a record, the last record's missing blocks zero (d = 0)
+  const int per_record = qtype == TYPE_Q8_0 ? QK / 32 : 1;
+  const int64_t blocks = w.size(1) / block, nb = (blocks + per_record - 1) / per_record;
+  const int64_t n = w.size(0), groups = (n + COLS - 1) / COLS;
   const int rec_bytes = record_bytes(qtype);
   // padded columns stay zero: d = dmin = 0, so they compute 0 and are never written out
   at::Tensor out = zeros_on_huge_pages(groups, nb * rec_bytes);
@@ -100,11 +117,13 @@ at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
       for (int64_t b = 0; b < nb; ++b) {
         uint8_t* rec = dst + (g * nb + b) * rec_bytes;
         for (int c = 0; c < COLS && g * COLS + c < n; ++c) {
-          const uint8_t* blk = src + (g * COLS + c) * w.size(1) + b * block;
+          const uint8_t* blk = src + (g * COLS + c) * w.size(1) + b * per_record * block;
           if (qtype == TYPE_Q4_K) {
             pack_q4k(blk, c, rec);
-          } else {
+          } else if (qtype == TYPE_Q6_K) {
             pack_q6k(blk, c, rec);
+          } else {
+            pack_q8_0(blk, static_cast<int>(std::min<int64_t>(per_record, blocks - b * per_record)), c, rec);
           }
         }
       }

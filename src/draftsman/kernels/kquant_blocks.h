@@ -23,7 +23,9 @@ namespace draftsman_kquant {
 constexpr int QK = 256;  // weights per super-block
 constexpr int Q4K_BYTES = 144;
 constexpr int Q6K_BYTES = 210;
-constexpr int64_t TYPE_Q4_K = 12;  // GGML type numbers
+constexpr int Q8_0_BYTES = 34;  // f16 d, 32 int8 q: w = d q
+constexpr int64_t TYPE_Q8_0 = 8;  // GGML type numbers
+constexpr int64_t TYPE_Q4_K = 12;
 constexpr int64_t TYPE_Q6_K = 14;
 
 // One 256-wide block of an activation row quantised to int8: x ~= d * q.
@@ -40,6 +42,9 @@ struct alignas(64) Q8Block {
   // with the offset in the accumulator's first value, a broadcast load instead of a
   // broadcast, a subtraction and a register per row and sub-block)
   int32_t q6_offsets[QK / 16];
+  // -128 psums as int32, for Q8_0 records, whose weights are stored as q + 128 (vpdpbusd
+  // multiplies unsigned by signed bytes): their sums over a sub-block start here
+  int32_t q8_offsets[QK / 32];
 };
 
 inline float half_to_float(uint16_t h) {
@@ -163,7 +168,10 @@ inline void quantize_block_avx512(const T* xb, Q8Block& o) {
   const __m512i sums = sums_of_16(q);  // |sum| <= 16 * 127: int16
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.bsums), _mm512_cvtepi32_epi16(sums));
   _mm512_storeu_si512(o.q6_offsets, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 5)));
-  for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
+  for (int s = 0; s < QK / 32; ++s) {
+    o.psums[s] = static_cast<int16_t>(o.bsums[2 * s] + o.bsums[2 * s + 1]);
+    o.q8_offsets[s] = -128 * o.psums[s];
+  }
 }
 #endif
 
@@ -180,7 +188,10 @@ inline void quantize_block(const T* xb, Q8Block& o) {
 #else
   quantize_block_scalar(f, o);
 #endif
-  for (int s = 0; s < QK / 32; ++s) o.psums[s] = o.bsums[2 * s] + o.bsums[2 * s + 1];
+  for (int s = 0; s < QK / 32; ++s) {
+    o.psums[s] = static_cast<int16_t>(o.bsums[2 * s] + o.bsums[2 * s + 1]);
+    o.q8_offsets[s] = -128 * o.psums[s];
+  }
   for (int s = 0; s < QK / 16; ++s) o.q6_offsets[s] = -32 * o.bsums[s];
 #endif
 }

@@ -18,6 +18,12 @@
 //                nibble, 2p + 1 high
 //   [2336, 3360) high 2 bits, u8 [4 quads u][4 k-rows][16 columns][4]: bits 2s, 2s + 1 of
 //                sub-block 4u + s
+// Q8_0, 4352 bytes (exactly the 16 columns' 8 blocks of 32; missing blocks past a row's end
+// are zero, d = 0):
+//   [0, 256)     d, f16 [8 blocks j][16 columns]
+//   [256, 4352)  q + 128, u8 [8 blocks j][8 k-rows r][16 columns][4]: byte (j, r, c, i) is
+//                element 4r + i of column c's block j, offset to unsigned for vpdpbusd
+// (the 0.5B's Q5_0 blocks take this record too: w = d (q5 - 16), q5 - 16 in -16..15)
 
 #pragma once
 
@@ -28,13 +34,19 @@
 namespace draftsman_amx {
 
 using draftsman_kquant::TYPE_Q4_K;
+using draftsman_kquant::TYPE_Q6_K;
+using draftsman_kquant::TYPE_Q8_0;
 
 constexpr int COLS = 16;       // weight rows per group: a tile's 16 int32 columns
 constexpr int OFF_D = 0, OFF_DMIN = 32, OFF_SC = 64, OFF_MIN = 192, OFF_Q = 320;
 constexpr int RECORD = 2368;  // Q4_K bytes per (group, block)
 constexpr int Q6_OFF_D = 0, Q6_OFF_SC = 32, Q6_OFF_QL = 288, Q6_OFF_QH = 2336;
 constexpr int Q6_RECORD = 3360;
+constexpr int Q8_OFF_D = 0, Q8_OFF_Q = 256;
+constexpr int Q8_RECORD = 4352;
 
-inline int record_bytes(int64_t qtype) { return qtype == TYPE_Q4_K ? RECORD : Q6_RECORD; }
+inline int record_bytes(int64_t qtype) {
+  return qtype == TYPE_Q4_K ? RECORD : qtype == TYPE_Q6_K ? Q6_RECORD : Q8_RECORD;
+}
 
 }  // namespace draftsman_amx

@@ -32,7 +32,7 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in
                  "attention_amx.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
-                 "simd_math.h", "attention_amx.h"))
+                 "simd_math.h", "attention_amx.h", "q8_records.h"))
 _reason: list[str] = []
 
 

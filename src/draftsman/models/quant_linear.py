@@ -20,17 +20,19 @@ Which GGUF block types map how, under `q4`:
     Q4_1  w = d q + m           -> scale d,      zero 8 d + m
     Q4_K  w = d sc q - dmin m   -> scale d sc,   zero 8 d sc - dmin m  (each 32-wide
           sub-block of a 256-wide super-block, 6-bit sc and m)
-- converted onto int8 per output row: every other type gguf can dequantise (Q5_*, Q6_K,
-  Q8_0, F16, ...), requantised symmetrically from its dequantised weights. int8 has more
-  levels than these blocks, so a row loses at most half a step of max|row| / 127 (per-row
-  instead of per-block scales), never bits the GGUF stored; the tests measure it.
+- on the 8-bit kernel (weight_formats.int8_kernel): every other type. Where it is "records"
+  (AVX-512 VNNI), as Q8_0 blocks (models/q8_blocks.py): Q8_0 as stored and Q5_0 exactly,
+  the rest (Q5_1, Q6_K of another width, F16, ...) requantised per 32. Elsewhere converted
+  onto int8 per output row, requantised symmetrically from the dequantised weights: int8
+  has more levels than these blocks, so a row loses at most half a step of max|row| / 127
+  (per-row instead of per-block scales), never bits the GGUF stored; the tests measure it.
 - anything else: UnsupportedError naming the tensor and its type.
 Under `q4-draft` (a draft's format: its guesses are checked, so it may lose precision the
 GGUF kept) Q4_K matrices run as stored and every other one is requantised to Q4_K at load
 (`draftsman::quantize_q4k`, kernels/gguf_convert.cpp), its width padded with zero weights
 to a multiple of 256 (the 0.5B's 896-wide Q5_0 matrices: 0.56 bytes a weight instead of
 int8's 1); the kernel reads the narrower activations as if zero-padded.
-Under `q8` every matrix takes the int8 path. Embeddings, norms, biases and the KV cache
+Under `q8` every matrix takes the 8-bit kernel. Embeddings, norms, biases and the KV cache
 stay in the activation dtype; the LM head (tied to the embeddings or not) is quantised.
 """
 
@@ -53,8 +55,12 @@ from draftsman.kernels.native import (
 )
 from draftsman.models.base import DecoderLM
 from draftsman.models.draft_vocab import VocabSubsetHead
+from draftsman.models.int8_linear import Int8Matrix, OneDnnInt8Matrix
 from draftsman.models.llama import FUSED_LINEARS
-from draftsman.models.weight_formats import FORMATS, QUANT_KINDS, activation_bits, int8_kernel
+from draftsman.models.q8_blocks import EXACT as Q8_EXACT
+from draftsman.models.q8_blocks import Q8_0, q8_0_from_blocks, quantize_q8_0
+from draftsman.models.q8_blocks import fits as q8_fits
+from draftsman.models.weight_formats import FORMATS, QUANT_KINDS, int8_kernel
 from draftsman.store.gguf_blocks import BlockTensor
 
 GROUP = 32  # int4 group size: one Q4_0/Q4_1 block, one Q4_K sub-block
@@ -171,11 +177,12 @@ class KQuantMatrix(nn.Module):
 
 
 class KQuantRecordsMatrix(nn.Module):
-    """Q4_K or Q6_K rows repacked once into records of 16 (`draftsman::kquant_records_mm`,
-    kernels/gguf_matmul_records.cpp): the same integer sums as KQuantMatrix, each record
-    read once for every activation row, 16 columns a vpdpbusd (AVX-512 VNNI) and, where
-    `tiles` (AMX), 16 rows x 16 columns x 64 k a tile multiply, so verifying many rows
-    costs little more than one. Batch invariant like every kernel here."""
+    """Q4_K, Q6_K or Q8_0 rows repacked once into records of 16
+    (`draftsman::kquant_records_mm`, kernels/gguf_matmul_records.cpp): K-quants with the
+    same integer sums as KQuantMatrix, each record read once for every activation row, 16
+    columns a vpdpbusd (AVX-512 VNNI) and, where `tiles` (AMX; not Q8_0), 16 rows x 16
+    columns x 64 k a tile multiply, so verifying many rows costs little more than one.
+    Batch invariant like every kernel here."""
 
     def __init__(self, blocks: list[BlockTensor]) -> None:
         super().__init__()
@@ -183,7 +190,7 @@ class KQuantRecordsMatrix(nn.Module):
         self.qtype = blocks[0].qtype
         self.register_buffer("packed", torch.ops.draftsman.kquant_pack_records(rows, self.qtype))
         self.out_features = rows.shape[0]
-        self.tiles = kquant_amx()
+        self.tiles = kquant_amx() and self.qtype != Q8_0
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -239,88 +246,26 @@ class Int4Matrix(nn.Module):
         return y if y.shape[-1] == self.out_features else y[:, : self.out_features]
 
 
-def int8_rows(w: torch.Tensor, dtype: torch.dtype = torch.float32
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output row: (q [N, K] int8 in -127..127, scale [N] in `dtype`)
-    with w ~= q * scale[:, None] within half a step (q is rounded against the scale as
-    stored). -128 is never used, so every int8 kernel's sign tricks hold."""
-    top = torch.maximum(w.amax(dim=1), -w.amin(dim=1))  # max |w| without an |w| copy
-    scale = (top.clamp_min(1e-12) / 127.0).to(dtype)
-    step = scale.float()[:, None]
-    q = torch.empty(w.shape, dtype=torch.int8)
-    for i in range(0, w.shape[0], 1024):  # in slices: no full-size float temporaries (2x faster)
-        q[i:i + 1024] = torch.round(w[i:i + 1024] / step[i:i + 1024]).clamp_(-127, 127)
-    return q, scale
+def q8_records() -> bool:
+    """Whether 8-bit matrices run as Q8_0 records here (weight_formats.int8_kernel)."""
+    return int8_kernel() == "records" and kquant_available() and kquant_records()
 
 
-class Int8Matrix(nn.Module):
-    """Symmetric int8 rows, one scale each, for `_weight_int8pack_mm` (float activations)."""
-
-    def __init__(self, w: torch.Tensor, dtype: torch.dtype) -> None:
-        super().__init__()
-        q, scale = int8_rows(w, dtype)
-        self.register_buffer("weight_int8", q)
-        self.register_buffer("scale", scale)
-        self.out_features = w.shape[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
-
-
-class OneDnnInt8Matrix(nn.Module):
-    """int8 rows (one scale each) times activations quantised to int8 per row, on oneDNN's
-    int8 GEMM (`onednn::qlinear_pointwise`, VNNI or AMX where the CPU has them).
-
-    y[m, n] = (sum_k xq[m, k] * wq[n, k]) * w_scale[n] * x_scale[m], xq = round(x / x_scale)
-    with x_scale[m] = max_k |x[m, k]| / (2^(bits-1) - 1) (see weight_formats.activation_bits).
-    The int32 sum is exact and x_scale depends on row m alone, so a row's output is the same
-    alone or in any batch: oneDNN is handed scale 1.0 and a fixed zero point, and each row is
-    scaled after the GEMM (one scale per tensor over the batch would break this).
-    """
-
-    def __init__(self, w: torch.Tensor, dtype: torch.dtype, bits: int | None = None) -> None:
-        super().__init__()
-        q, scale = int8_rows(w)
-        self.bits = activation_bits() if bits is None else bits
-        self.register_buffer("scale", scale)
-        self.packed = torch.ops.onednn.qlinear_prepack(q, [1, q.shape[1]])  # opaque, [K, N]
-        self.register_buffer("no_zero", torch.zeros(q.shape[0], dtype=torch.int64))
-        self.out_features = w.shape[0]
-
-    def __getstate__(self) -> dict:
-        # The prepacked tensor is opaque to pickle (pipelined workers): send int8 rows. They
-        # are kept on the module: a spawned process receives a tensor as a file descriptor
-        # to its shared memory, which must outlive this call (a temporary's is closed before
-        # the child starts: "bad value(s) in fds_to_keep").
-        if getattr(self, "_rows", None) is None:
-            self._rows = self.packed.to_dense().T.contiguous()
-        state = self.__dict__.copy()
-        state["packed"], state["_rows"] = self._rows, None
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        state["packed"] = torch.ops.onednn.qlinear_prepack(state["packed"],
-                                                           [1, state["packed"].shape[1]])
-        super().__setstate__(state)
-
-    @property
-    def weight_int8(self) -> torch.Tensor:
-        return self.packed.to_dense().T
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        top = 2 ** (self.bits - 1) - 1
-        xf = x.float()
-        x_scale = xf.abs().amax(dim=1, keepdim=True).clamp_min(1e-30) / top
-        xq = torch.round(xf / x_scale).add_(top + 1).to(torch.uint8)  # 1 .. 2 top + 1
-        y = torch.ops.onednn.qlinear_pointwise(
-            xq, 1.0, top + 1, self.packed, self.scale, self.no_zero, None, 1.0, 0,
-            torch.float32, "none", [], "")
-        return y.mul_(x_scale).to(x.dtype)
+def q8_record_blocks(name: str, src: BlockTensor | torch.Tensor) -> tuple[BlockTensor, str]:
+    """`src` as Q8_0 blocks, and how (for the load summary)."""
+    if isinstance(src, torch.Tensor):
+        return quantize_q8_0(name, src.float()), "float -> Q8_0 records (requantised)"
+    if src.qtype in Q8_EXACT:
+        how = "as stored" if src.qtype == Q8_0 else "exact"
+        return q8_0_from_blocks(src), f"{src.type_name} -> Q8_0 records ({how})"
+    return (quantize_q8_0(name, dequantize_rows(src)),
+            f"{src.type_name} -> Q8_0 records (requantised)")
 
 
 def int8_matrix(w: torch.Tensor, dtype: torch.dtype) -> nn.Module:
-    """The int8 matrix for this CPU (weight_formats.int8_kernel)."""
-    return OneDnnInt8Matrix(w, dtype) if int8_kernel() == "onednn" else Int8Matrix(w, dtype)
+    """The int8-per-row matrix for this CPU (weight_formats.int8_kernel; where that is
+    "records" but a matrix cannot take them, oneDNN: the CPU has VNNI)."""
+    return Int8Matrix(w, dtype) if int8_kernel() == "packed" else OneDnnInt8Matrix(w, dtype)
 
 
 class QuantLinear(nn.Module):
@@ -400,8 +345,12 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
     int4: list[Int4Rows] = []
     int8: list[torch.Tensor] = []
     requant: list[torch.Tensor] = []
+    q8: list[BlockTensor] = []
 
     def flush() -> None:
+        if q8:
+            parts.append(KQuantRecordsMatrix(q8[:]))
+            q8.clear()
         if native:
             parts.append(kquant_matrix(native[:]))
             native.clear()
@@ -418,30 +367,41 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
 
     fmt = FORMATS[kind]
     requantise = fmt.requantises_to_q4k and kquant_available()
-    for _, src in sources:
+    records = q8_records()
+    for name, src in sources:
         if requantise and not (isinstance(src, BlockTensor) and src.qtype == _Q4_K
                           and takes_native(src)):
             name = src.type_name if isinstance(src, BlockTensor) else "float"
             summary[f"{name} -> Q4_K kernel (requantised)"] += 1
-            if native or int4 or int8:
+            if native or int4 or int8 or q8:
                 flush()
             requant.append(src.float() if isinstance(src, torch.Tensor) else dequantize_rows(src))
+        elif records and q8_fits(src.shape[1]) and not (
+                fmt.keeps_4bit and isinstance(src, BlockTensor)
+                and (takes_native(src) or src.qtype in INT4_EXACT)):
+            block, how = q8_record_blocks(name, src)
+            summary[how] += 1
+            if native or int4 or int8 or requant:
+                flush()
+            q8.append(block)
         elif isinstance(src, torch.Tensor):
             summary["float -> int8 per row"] += 1
+            if native or int4 or requant or q8:
+                flush()
             int8.append(src.float())
         elif fmt.keeps_4bit and takes_native(src):
             summary[f"{src.type_name} -> {src.type_name} kernel (as stored)"] += 1
-            if int4 or int8 or requant or (native and native[0].qtype != src.qtype):
+            if int4 or int8 or requant or q8 or (native and native[0].qtype != src.qtype):
                 flush()
             native.append(src)
         elif fmt.keeps_4bit and src.qtype in INT4_EXACT:
             summary[f"{src.type_name} -> int4 (exact)"] += 1
-            if int8 or native or requant:
+            if int8 or native or requant or q8:
                 flush()
             int4.append(decode_int4(src))
         else:
             summary[f"{src.type_name} -> int8 per row (requantised)"] += 1
-            if int4 or native or requant:
+            if int4 or native or requant or q8:
                 flush()
             int8.append(dequantize_rows(src))
     flush()

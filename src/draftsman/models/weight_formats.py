@@ -10,11 +10,20 @@ a quantised format:
   about half the bytes. Lossy beyond the GGUF, which costs a draft some acceptance but never
   exactness (the target checks every guess); a q4 engine loads its drafts this way
   (`companion_dtype`).
-- `q8`: every matrix as int8 per output row, from a GGUF's blocks or the folder's weights.
-  Where the CPU multiplies int8 by int8 without saturating (AVX-512 VNNI, AVX-VNNI, AMX-INT8)
-  it runs on oneDNN's int8 GEMM with activations quantised per row ("onednn"); elsewhere on
-  PyTorch's weight-only int8 kernel with float activations ("packed"), which measured 2x
-  faster than oneDNN's int8 path on an AVX2 EPYC (56 vs 114 ms for 24 8960x1536 matrices).
+- `q8`: every matrix in 8 bits, from a GGUF's blocks or the folder's weights, on the kernel
+  `int8_kernel()` picks for the CPU:
+  - "records" (AVX-512 VNNI without AMX): Q8_0 blocks (int8 per 32 with a float16 scale;
+    a GGUF's Q8_0 and Q5_0 blocks exactly, the rest requantised, models/q8_blocks.py) in
+    records of 16 rows on draftsman's kernel, activations in int8 per 256. 24 distinct
+    8960 x 1536 matrices, 2 threads, an Emerald Rapids core: 1 / 8 / 16 rows 12.4 / 15.7 /
+    18.7 ms against oneDNN's 16.6 / 20.6 / 26.4;
+  - "onednn" (AMX-INT8, AVX-VNNI): int8 per output row on oneDNN's int8 GEMM, activations
+    in int8 per row (on an AMX Xeon its tiles measured v(16) 1.28-1.34 for the 1.5B; the
+    records' vectors are not measured there);
+  - "packed" (no int8 dot product): int8 per output row on PyTorch's weight-only int8 kernel
+    with float activations, which measured 2x faster than oneDNN's int8 path on an AVX2
+    EPYC (56 vs 114 ms for 24 8960x1536 matrices).
+  Under `q4`, the GGUF's matrices that are neither Q4_K/Q6_K nor 4-bit take the same kernel.
 
 The loader, the engine and the CLI ask this module; adding a format touches it and the
 matrix classes in quant_linear.py only.
@@ -98,7 +107,7 @@ def gguf_source(spec: str, dtype: str | torch.dtype) -> Path | None:
 
 # ---- int8 x int8 on the CPU ----
 
-INT8_KERNELS = ("onednn", "packed")
+INT8_KERNELS = ("records", "onednn", "packed")
 _NO_SATURATION = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
@@ -110,13 +119,23 @@ def has_int8_dot() -> bool:
 
 
 def int8_kernel() -> str:
-    """Which kernel q8 matrices run on: "onednn" where the CPU has an int8 dot product,
-    "packed" elsewhere. DRAFTSMAN_INT8_KERNEL=onednn|packed overrides it (tests, profiles)."""
+    """Which kernel 8-bit matrices run on (see the module docstring): "records" where
+    draftsman's records kernel runs and the CPU has no AMX, "onednn" where the CPU has
+    another int8 dot product, "packed" elsewhere. DRAFTSMAN_INT8_KERNEL=records|onednn|packed
+    overrides it (tests, profiles); "records" where it cannot run is refused in one line."""
+    from draftsman.kernels.native import kquant_amx, kquant_records
+
     forced = os.environ.get("DRAFTSMAN_INT8_KERNEL", "").strip()
     if forced:
         if forced not in INT8_KERNELS:
-            raise DraftsmanError(f"DRAFTSMAN_INT8_KERNEL={forced!r}; choose onednn or packed")
+            raise DraftsmanError(f"DRAFTSMAN_INT8_KERNEL={forced!r}; choose records, onednn "
+                                 "or packed")
+        if forced == "records" and not kquant_records():
+            raise DraftsmanError("DRAFTSMAN_INT8_KERNEL=records: this CPU or build has no "
+                                 "AVX-512 VNNI records kernel")
         return forced
+    if kquant_records() and not kquant_amx():
+        return "records"
     return "onednn" if has_int8_dot() else "packed"
 
 

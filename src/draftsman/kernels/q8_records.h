@@ -1,0 +1,81 @@
+// The Q8_0 path of the records kernel (gguf_matmul_records.cpp; layout in kquant_records.h):
+// 8-bit weights in blocks of 32, each with its own f16 scale, against activations in int8
+// per 256 (Q8Block), 16 columns a vpdpbusd.
+//
+// Per record (16 columns x 256 k), activation row m and column n, block j of 32:
+//   C_j = sum_k x_q[m, k] (q[n, k] + 128) - 128 psum_j[m] = sum_k x_q q  (exact in int32:
+//         the accumulators start at Q8Block::q8_offsets, |C_j| <= 32 * 128 * 127 < 2^24)
+//   isum = sum_j d_j[n] C_j  (float fused multiply-adds, in j order; C_j is an exact float)
+//   acc = acc + d_x[m] isum
+// Every row's arithmetic is its own, in a fixed order, on every CPU with the records (no tile
+// path: the per-block float scales do not fold into integer tiles), so a row's output is the
+// same alone or in any batch and thread count.
+#pragma once
+
+#include "kquant_records_parts.h"
+
+#if DRAFTSMAN_RECORDS
+namespace draftsman_amx {
+
+// Weights of blocks 2p (q0) and 2p + 1 (q1), k-row r: stored unsigned, nothing to unpack.
+struct Q8Record {
+  const uint8_t* w;
+  void operator()(int p, int r, __m512i* q0, __m512i* q1) const {
+    *q0 = _mm512_loadu_si512(w + Q8_OFF_Q + 512 * (2 * p) + 64 * r);
+    *q1 = _mm512_loadu_si512(w + Q8_OFF_Q + 512 * (2 * p + 1) + 64 * r);
+  }
+};
+
+// The "unpacked" form several passes of rows read: the record itself (it sits in L1).
+struct Q8Unpacked {
+  static constexpr int BYTES = 64;
+  uint8_t* unused;
+  const uint8_t* w = nullptr;
+  void unpack(const uint8_t* record) { w = record; }
+  void operator()(int p, int r, __m512i* q0, __m512i* q1) const { Q8Record{w}(p, r, q0, q1); }
+};
+
+// A record's block scales as floats, [block j][16 columns].
+struct Q8Scales {
+  __m512 d[8];
+  explicit Q8Scales(const uint8_t* w) {
+    for (int j = 0; j < 8; ++j) {
+      d[j] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q8_OFF_D + 32 * j)));
+    }
+  }
+};
+
+// One Q8_0 record against R rows in registers (row m's block at xb[m * row_step], its int8
+// quants at xq + m * xstride), each pair of blocks folded into isum as it completes.
+template <int R, typename Weights>
+inline void q8_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const Q8Scales& s,
+                             const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
+  __m512 isum[R];
+  for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_ps();
+  for (int p = 0; p < 4; ++p) {
+    __m512i c[R][2];  // C_j: the -128 psum_j offsets first
+    for (int m = 0; m < R; ++m) {
+      const Q8Block& x = xb[m * row_step];
+      c[m][0] = _mm512_set1_epi32(x.q8_offsets[2 * p]);
+      c[m][1] = _mm512_set1_epi32(x.q8_offsets[2 * p + 1]);
+    }
+    for (int r = 0; r < 8; ++r) {
+      ahead.line();  // 68 lines over 32 steps, the rest after the record
+      ahead.line();
+      __m512i q0, q1;
+      weights(p, r, &q0, &q1);
+      rows_dpbusd<R>(xq + 64 * p + 4 * r, xstride, 32, q0, q1, c);
+    }
+    for (int m = 0; m < R; ++m) {
+      isum[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[m][0]), s.d[2 * p], isum[m]);
+      isum[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[m][1]), s.d[2 * p + 1], isum[m]);
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    float* a = acc + COLS * m;
+    _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(xb[m * row_step].d), isum[m], _mm512_loadu_ps(a)));
+  }
+}
+
+}  // namespace draftsman_amx
+#endif

@@ -1,0 +1,76 @@
+"""Q8_0 blocks, the 8-bit weights of the records kernel (kernels/q8_records.h).
+
+A Q8_0 block is GGML's: 32 weights w = d q, d one float16, q int8 in -127..127 (34 bytes).
+Where the CPU has AVX-512 VNNI, every 8-bit matrix runs as Q8_0 blocks repacked into records
+of 16 rows, against activations in int8 per 256, so that verifying 16 rows costs little more
+than one (weight_formats.int8_kernel() == "records"). They come from:
+- a GGUF's Q8_0 blocks, as stored (exact);
+- a GGUF's Q5_0 blocks, exactly: w = d (q5 - 16) with q5 in 0..31 is the Q8_0 block with the
+  same d and q = q5 - 16 (1 byte a weight instead of 0.69, for a kernel that reads whole
+  bytes with nothing to unpack);
+- anything else (float weights, other block types dequantised): requantised per 32,
+  d = max|w| / 127 rounded to float16 and q = round(w / d), within half a step of w (finer
+  than one scale per output row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from draftsman.errors import UnsupportedError
+from draftsman.store.gguf_blocks import BlockTensor
+
+Q5_0, Q8_0 = 6, 8  # GGML type numbers
+BLOCK = 32  # weights per block
+Q5_0_BYTES, Q8_0_BYTES = 22, 34
+EXACT = {Q5_0: "Q5_0", Q8_0: "Q8_0"}  # block types Q8_0 holds as they are
+
+
+def fits(width: int) -> bool:
+    """Whether rows of `width` weights are whole Q8_0 blocks."""
+    return width % BLOCK == 0
+
+
+def q8_0_from_blocks(t: BlockTensor) -> BlockTensor:
+    """`t` (Q8_0 or Q5_0) as Q8_0 blocks with the same weights, bit for bit."""
+    if t.qtype == Q8_0:
+        return t
+    if t.qtype != Q5_0:
+        raise UnsupportedError(f"{t.name}: {t.type_name} has no exact Q8_0 form")
+    n, k = t.shape
+    b = np.asarray(t.rows).reshape(n, k // BLOCK, Q5_0_BYTES)
+    high = b[..., 2:6].copy().view(np.uint32)  # [n, blocks, 1]: bit j is element j's bit 4
+    bits = (high >> np.arange(BLOCK, dtype=np.uint32)) & 1  # [n, blocks, 32]
+    qs = b[..., 6:]
+    low = np.concatenate([qs & 15, qs >> 4], axis=-1)  # elements 0..15 low, 16..31 high
+    q = (low | (bits.astype(np.uint8) << 4)).astype(np.int16) - 16
+    out = np.empty((n, k // BLOCK, Q8_0_BYTES), dtype=np.uint8)
+    out[..., :2] = b[..., :2]
+    out[..., 2:] = q.astype(np.int8).view(np.uint8)
+    return BlockTensor(t.name, Q8_0, t.shape, out.reshape(n, -1))
+
+
+def quantize_q8_0(name: str, w: torch.Tensor) -> BlockTensor:
+    """[N, K] float weights as Q8_0 blocks (K a multiple of 32), per the module docstring."""
+    n, k = w.shape
+    if not fits(k):
+        raise UnsupportedError(f"{name}: width {k} is not whole blocks of {BLOCK}")
+    out = np.empty((n, k // BLOCK, Q8_0_BYTES), dtype=np.uint8)
+    for i in range(0, n, 1024):  # in slices: no full-size float temporaries
+        blocks = w[i:i + 1024].float().reshape(-1, k // BLOCK, BLOCK)
+        d = (blocks.abs().amax(dim=-1, keepdim=True) / 127).to(torch.float16)
+        step = d.float()
+        q = torch.where(step > 0, torch.round(blocks / step.clamp_min(1e-30)), 0).clamp_(-127, 127)
+        out[i:i + 1024, :, :2] = d.numpy().view(np.uint8)
+        out[i:i + 1024, :, 2:] = q.to(torch.int8).numpy().view(np.uint8)
+    return BlockTensor(name, Q8_0, (n, k), out.reshape(n, -1))
+
+
+def q8_0_weights(t: BlockTensor) -> torch.Tensor:
+    """[N, K] float32 weights of Q8_0 blocks (for tests and inspection)."""
+    n, k = t.shape
+    b = np.asarray(t.rows).reshape(n, k // BLOCK, Q8_0_BYTES)
+    d = b[..., :2].copy().view(np.float16).astype(np.float32)
+    q = b[..., 2:].copy().view(np.int8).astype(np.float32)
+    return torch.from_numpy((q * d).reshape(n, k))

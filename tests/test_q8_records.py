@@ -1,0 +1,187 @@
+"""Q8_0 blocks on the records kernel (kernels/q8_records.h, models/q8_blocks.py).
+
+The kernel is held to an independent float64 reference (gguf's dequantisation of the blocks
+times activations quantised per 256 as the kernel documents), every row to itself computed
+alone (batch and thread-count invariance), and a corrupted block must change the answer. The
+block conversions are held to gguf's own dequantisation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+from test_kquant_kernel import assert_batch_invariant
+from test_quant import random_blocks
+
+from draftsman.kernels.native import kquant_records
+from draftsman.models.q8_blocks import q8_0_from_blocks, q8_0_weights, quantize_q8_0
+from draftsman.store.gguf_blocks import BlockTensor
+
+records = pytest.mark.skipif(not kquant_records(),
+                             reason="no AVX-512 VNNI on this CPU: no Q8_0 records")
+
+
+def q8_mm(x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(Q.Q8_0))
+    return torch.ops.draftsman.kquant_records_mm(x, packed, int(Q.Q8_0), rows.shape[0], False)
+
+
+def reference(x: torch.Tensor, rows: np.ndarray) -> np.ndarray:
+    """float64 gguf weights times x quantised per 256 (zero-padded to whole blocks)."""
+    n, k = rows.shape[0], x.shape[1]
+    w = dequantize(rows, Q.Q8_0).astype(np.float64).reshape(n, k)
+    pad = -k % 256
+    xf = np.pad(x.float().numpy(), ((0, 0), (0, pad))).reshape(len(x), -1, 256)
+    amax = np.abs(xf).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.maximum(amax, 1e-30), 0).astype(np.float32)
+    xq = np.rint(xf * inv) * (amax / np.float32(127)).astype(np.float32)
+    return xq.reshape(len(x), -1)[:, :k].astype(np.float64) @ w.T
+
+
+@records
+@pytest.mark.parametrize("k", [768, 896])
+def test_q8_0_records_compute_the_ggufs_weights(k):
+    """40 weight rows (a short last group), widths of whole records and of 3.5 (the 0.5B's
+    896: the last record half zero blocks), 1..37 rows (one pass, passes), an outlier row."""
+    rows = random_blocks(Q.Q8_0, 40, k, seed=5)
+    x = torch.randn(37, k)
+    x[3] *= 100
+    want = reference(x, rows)
+    for m in (1, 2, 5, 8, 9, 16, 17, 37):
+        got = q8_mm(x[:m].contiguous(), rows).double().numpy()
+        assert np.abs(got - want[:m]).max() <= 1e-5 * np.abs(want[:m]).max(), m
+    # the activation rounding is what separates it from float activations
+    exact = x.double().numpy() @ dequantize(rows, Q.Q8_0).astype(np.float64).reshape(40, k).T
+    assert np.abs(q8_mm(x, rows).double().numpy() - exact).max() > 1e-4 * np.abs(exact).max()
+
+
+@records
+def test_q8_0_record_rows_are_the_same_alone_in_any_batch_and_thread_count():
+    assert_batch_invariant(lambda x, rows, q: q8_mm(x, rows), Q.Q8_0,
+                           (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=6)
+
+
+@records
+def test_q8_0_corrupted_weights_change_the_answer_and_bf16_rounds_once():
+    rows = random_blocks(Q.Q8_0, 16, 256, seed=8)
+    bad = rows.copy()
+    bad[:, 2 + 34 * 5] ^= 0x40  # one weight of one block of every row
+    for m in (2, 8):
+        x = torch.randn(m, 256)
+        assert not torch.equal(q8_mm(x, rows), q8_mm(x, bad))
+        xb = x.bfloat16()
+        assert torch.equal(q8_mm(xb, rows), q8_mm(xb.float(), rows).bfloat16())
+
+
+def test_q5_0_blocks_become_q8_0_blocks_of_the_same_weights():
+    w = np.random.default_rng(1).standard_normal((24, 896)).astype(np.float32)
+    t = BlockTensor("w", int(Q.Q5_0), (24, 896), quantize(w, Q.Q5_0))
+    q8 = q8_0_from_blocks(t)
+    assert q8.qtype == Q.Q8_0 and q8.rows.shape == (24, 896 // 32 * 34)
+    want = dequantize(t.rows, Q.Q5_0).reshape(24, 896)
+    assert np.array_equal(dequantize(q8.rows, Q.Q8_0).reshape(24, 896), want)
+    assert torch.equal(q8_0_weights(q8), torch.from_numpy(want))
+
+
+def test_float_weights_become_q8_0_within_half_a_step():
+    w = torch.randn(40, 256) * torch.logspace(-3, 1, 40)[:, None]
+    w[5, 32:64] = 0  # an all-zero block: d = 0, q = 0
+    t = quantize_q8_0("w", w)
+    got = q8_0_weights(t)
+    d = np.asarray(t.rows).reshape(40, 8, 34)[..., :2].copy().view(np.float16)[..., 0]
+    step = torch.from_numpy(d.astype(np.float32)).repeat_interleave(32, dim=1)
+    assert ((got - w).abs() <= step / 2 * (1 + 1e-6)).all()
+    assert not got[5, 32:64].any()
+    # gguf reads them as the same weights
+    assert np.array_equal(dequantize(t.rows, Q.Q8_0).reshape(40, 256), got.numpy())
+
+
+@pytest.fixture(scope="module")
+def q8_on_records():
+    from test_quant import gguf_model, quantised
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DRAFTSMAN_INT8_KERNEL", "records")
+        config, state, blocks = gguf_model("llama", seed=0, lm_scale=8.0)
+        return quantised(config, state, blocks, kind="q8")
+
+
+@records
+def test_q8_model_runs_every_matrix_as_q8_0_records(q8_on_records):
+    from draftsman.models.quant_linear import KQuantRecordsMatrix
+
+    parts = [p for m in q8_on_records.modules() if hasattr(m, "parts") for p in m.parts]
+    assert parts and all(isinstance(p, KQuantRecordsMatrix) and p.qtype == Q.Q8_0
+                         and not p.tiles for p in parts)
+    summary = q8_on_records.quant_summary
+    assert all(how.endswith(("Q8_0 records (requantised)", "Q8_0 records (as stored)"))
+               for how in summary)
+    assert summary["Q8_0 -> Q8_0 records (as stored)"] and summary["Q4_K -> Q8_0 records (requantised)"]
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
+    pos = torch.arange(10)[None]
+    whole = q8_on_records(ids, pos, q8_on_records.new_cache(16)).logits
+    cache = q8_on_records.new_cache(16)
+    steps = [q8_on_records(ids[:, i:i + 1], pos[:, i:i + 1], cache, start=i).logits
+             for i in range(10)]
+    # attention over different key counts rounds differently: close, and the same argmax
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-4, atol=1e-4)
+
+
+@records
+@pytest.mark.parametrize("tree", [False, True])
+def test_exact_methods_on_q8_records_emit_its_own_tokens(q8_on_records, tree):
+    from test_speculative import prompts, run
+
+    from draftsman.proposers.prompt_lookup import PromptLookupProposer
+    from draftsman.strategies.autoregressive import Autoregressive
+    from draftsman.strategies.branches import BranchPlanner
+    from draftsman.strategies.gamma import make_policy
+    from draftsman.strategies.speculative import Speculative
+    from draftsman.strategies.tree_speculative import TreeSpeculative
+
+    reference = Autoregressive(q8_on_records)
+    accepted = 0
+    for prompt in prompts(3):
+        spec = (TreeSpeculative(q8_on_records, PromptLookupProposer(), make_policy(3, None),
+                                BranchPlanner(2)) if tree else
+                Speculative(q8_on_records, PromptLookupProposer(), make_policy(4, None)))
+        want, _ = run(reference, prompt, max_new=24)
+        got, steps = run(spec, prompt, max_new=24)
+        assert got == want
+        accepted += sum(s.accepted for s in steps)
+    assert accepted > 0
+
+
+@records
+def test_q4_runs_q5_0_and_q8_0_matrices_as_stored_on_records(monkeypatch):
+    """The 0.5B's GGUF keeps most matrices in Q5_0 and some in Q8_0: under q4 they take the
+    records exactly (the dequantised GGUF's weights), beside Q4_K on its own records."""
+    from test_quant import DIMS, build_model, deq, quantised
+    from tiny import hf_model
+
+    from draftsman.models.config import ModelConfig
+
+    monkeypatch.setenv("DRAFTSMAN_INT8_KERNEL", "records")
+    hf = hf_model("llama", 0, **DIMS)
+    config = ModelConfig.from_dict(hf.config.to_dict())
+    state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    blocks = {}
+    kinds = [Q.Q5_0, Q.Q8_0]
+    for i, (name, w) in enumerate(sorted(state.items())):
+        if w.dim() == 2 and "embed" not in name:
+            qtype = kinds[i % 2]
+            b = BlockTensor(name, int(qtype), tuple(w.shape), quantize(w.float().numpy(), qtype))
+            blocks[name], state[name] = b, deq(b)
+    q = quantised(config, state, blocks)
+    assert set(q.quant_summary) == {"Q5_0 -> Q8_0 records (exact)",
+                                    "Q8_0 -> Q8_0 records (as stored)"}
+    ref = build_model(config, state, torch.float32)
+    ids = torch.randint(0, 97, (1, 9), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(9)[None]
+    want = ref(ids, pos, ref.new_cache(9)).logits
+    got = q(ids, pos, q.new_cache(9)).logits
+    # the weights are the GGUF's; only the activations' int8 rounding separates them
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
