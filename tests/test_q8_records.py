@@ -1,9 +1,10 @@
-"""Q8_0 blocks on the records kernel (kernels/q8_records.h, models/q8_blocks.py).
+"""8-bit weights on the records kernel (kernels/q8_records.h): Q8_0 blocks (models/q8_blocks.py)
+and int8 rows with one scale each (models/int8_linear.py).
 
-The kernel is held to an independent float64 reference (gguf's dequantisation of the blocks
-times activations quantised per 256 as the kernel documents), every row to itself computed
-alone (batch and thread-count invariance), and a corrupted block must change the answer. The
-block conversions are held to gguf's own dequantisation.
+Each is held to an independent float64 reference (the weights times activations quantised
+per 256 as the kernel documents), every row to itself computed alone (batch and thread-count
+invariance), and a corrupted weight must change the answer. The block conversions are held
+to gguf's own dequantisation; models on these paths decode exactly.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from test_kquant_kernel import assert_batch_invariant
 from test_quant import random_blocks
 
 from draftsman.kernels.native import kquant_records
-from draftsman.models.q8_blocks import q8_0_from_blocks, q8_0_weights, quantize_q8_0
+from draftsman.models.int8_linear import TYPE_I8_ROW, Int8RecordsMatrix, int8_rows
+from draftsman.models.q8_blocks import q8_0_from_blocks, q8_0_weights
 from draftsman.store.gguf_blocks import BlockTensor
 
 records = pytest.mark.skipif(not kquant_records(),
@@ -29,10 +31,19 @@ def q8_mm(x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
     return torch.ops.draftsman.kquant_records_mm(x, packed, int(Q.Q8_0), rows.shape[0], False)
 
 
-def reference(x: torch.Tensor, rows: np.ndarray) -> np.ndarray:
-    """float64 gguf weights times x quantised per 256 (zero-padded to whole blocks)."""
-    n, k = rows.shape[0], x.shape[1]
-    w = dequantize(rows, Q.Q8_0).astype(np.float64).reshape(n, k)
+def i8_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    m = Int8RecordsMatrix(w)
+    return m(x)
+
+
+def reference(x: torch.Tensor, rows: np.ndarray | torch.Tensor) -> np.ndarray:
+    """float64 weights (gguf's dequantised Q8_0 rows, or a float [N, K] tensor) times x
+    quantised per 256 (zero-padded to whole blocks)."""
+    k = x.shape[1]
+    if isinstance(rows, torch.Tensor):
+        w = rows.double().numpy()
+    else:
+        w = dequantize(rows, Q.Q8_0).astype(np.float64).reshape(rows.shape[0], k)
     pad = -k % 256
     xf = np.pad(x.float().numpy(), ((0, 0), (0, pad))).reshape(len(x), -1, 256)
     amax = np.abs(xf).max(axis=-1, keepdims=True)
@@ -76,6 +87,48 @@ def test_q8_0_corrupted_weights_change_the_answer_and_bf16_rounds_once():
         assert torch.equal(q8_mm(xb, rows), q8_mm(xb.float(), rows).bfloat16())
 
 
+@records
+@pytest.mark.parametrize("k", [768, 896])
+def test_int8_records_compute_the_rows_weights(k):
+    """The same int8 rows and scales as oneDNN's path (int8_rows), 40 of them, widths of whole
+    records and of 3.5, 1..37 activation rows, an outlier row."""
+    w = torch.randn(40, k) * torch.logspace(-2, 0, 40)[:, None]
+    q, scale = int8_rows(w)
+    weights = q.float() * scale[:, None]
+    x = torch.randn(37, k)
+    x[3] *= 100
+    want = reference(x, weights)
+    m = Int8RecordsMatrix(w)
+    for rows in (1, 2, 5, 8, 9, 16, 17, 37):
+        got = m(x[:rows].contiguous()).double().numpy()
+        assert np.abs(got - want[:rows]).max() <= 1e-5 * np.abs(want[:rows]).max(), rows
+
+
+@records
+def test_int8_record_rows_are_the_same_alone_in_any_batch_and_thread_count():
+    w = torch.randn(48, 512)
+    packed = Int8RecordsMatrix(w).packed
+    assert_batch_invariant(
+        lambda x, rows, q: torch.ops.draftsman.kquant_records_mm(x, packed, TYPE_I8_ROW, 48,
+                                                                 False),
+        Q.Q8_0, (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=6)
+
+
+@records
+def test_int8_records_corrupted_weights_change_the_answer_and_bf16_rounds_once():
+    w = torch.randn(16, 256)
+    m = Int8RecordsMatrix(w)
+    bad = Int8RecordsMatrix(w)
+    bad.packed[0, 64 + 5] ^= 0x40  # one weight of one row
+    for rows in (2, 8):
+        x = torch.randn(rows, 256)
+        assert not torch.equal(m(x), bad(x))
+        xb = x.bfloat16()
+        assert torch.equal(m(xb), m(xb.float()).bfloat16())
+    with pytest.raises(RuntimeError, match="int8_pack_records: q must be"):
+        torch.ops.draftsman.int8_pack_records(torch.zeros(4, 32), torch.ones(4))
+
+
 def test_q5_0_blocks_become_q8_0_blocks_of_the_same_weights():
     w = np.random.default_rng(1).standard_normal((24, 896)).astype(np.float32)
     t = BlockTensor("w", int(Q.Q5_0), (24, 896), quantize(w, Q.Q5_0))
@@ -84,19 +137,6 @@ def test_q5_0_blocks_become_q8_0_blocks_of_the_same_weights():
     want = dequantize(t.rows, Q.Q5_0).reshape(24, 896)
     assert np.array_equal(dequantize(q8.rows, Q.Q8_0).reshape(24, 896), want)
     assert torch.equal(q8_0_weights(q8), torch.from_numpy(want))
-
-
-def test_float_weights_become_q8_0_within_half_a_step():
-    w = torch.randn(40, 256) * torch.logspace(-3, 1, 40)[:, None]
-    w[5, 32:64] = 0  # an all-zero block: d = 0, q = 0
-    t = quantize_q8_0("w", w)
-    got = q8_0_weights(t)
-    d = np.asarray(t.rows).reshape(40, 8, 34)[..., :2].copy().view(np.float16)[..., 0]
-    step = torch.from_numpy(d.astype(np.float32)).repeat_interleave(32, dim=1)
-    assert ((got - w).abs() <= step / 2 * (1 + 1e-6)).all()
-    assert not got[5, 32:64].any()
-    # gguf reads them as the same weights
-    assert np.array_equal(dequantize(t.rows, Q.Q8_0).reshape(40, 256), got.numpy())
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +150,11 @@ def q8_on_records():
 
 
 @records
-def test_q8_model_runs_every_matrix_as_q8_0_records(q8_on_records):
-    from draftsman.models.quant_linear import KQuantRecordsMatrix
-
+def test_q8_model_runs_every_matrix_as_int8_records(q8_on_records):
     parts = [p for m in q8_on_records.modules() if hasattr(m, "parts") for p in m.parts]
-    assert parts and all(isinstance(p, KQuantRecordsMatrix) and p.qtype == Q.Q8_0
-                         and not p.tiles for p in parts)
-    summary = q8_on_records.quant_summary
-    assert all(how.endswith(("Q8_0 records (requantised)", "Q8_0 records (as stored)"))
-               for how in summary)
-    assert summary["Q8_0 -> Q8_0 records (as stored)"] and summary["Q4_K -> Q8_0 records (requantised)"]
+    assert parts and all(isinstance(p, Int8RecordsMatrix) for p in parts)
+    assert all(how.endswith("int8 per row (requantised)")
+               for how in q8_on_records.quant_summary)
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
     pos = torch.arange(10)[None]
     whole = q8_on_records(ids, pos, q8_on_records.new_cache(16)).logits

@@ -461,6 +461,22 @@ struct Q8Path {
   }
 };
 
+// int8 rows (q8_records.h): vectors only.
+struct I8Path {
+  static constexpr int BYTES = I8_RECORD;
+  // 2 accumulators a row (two dependency chains) and 2 weight vectors: 16 rows run as 2
+  // passes of 8 over the record in L1
+  static constexpr int PASS_ROWS = 8;
+  using Scales = I8Scales;
+  using Record = I8Record;
+  using Unpacked = I8Unpacked;
+  template <int R, typename Weights>
+  static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
+                    int64_t row_step, float* acc, RecordPrefetch& ahead) {
+    i8_block_vectors<R>(weights, quants(xb), xstride, s, xb, row_step, acc, ahead);
+  }
+};
+
 // One group of 16 weight rows against R <= P::PASS_ROWS activation rows on vectors, the
 // weights unpacked in registers as they are used: one function per R, so that each gets its
 // own registers. Row m's block b is x[m * row_step + b * block_step].
@@ -543,8 +559,8 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
                          bool use_tiles, at::Tensor& y, int64_t col) {
   TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has no AVX-512 VNNI");
   TORCH_CHECK(!use_tiles || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
-  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0,
-              "kquant_records_mm: qtype must be Q4_K, Q6_K or Q8_0");
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0 || qtype == TYPE_I8_ROW,
+              "kquant_records_mm: qtype must be Q4_K, Q6_K, Q8_0 or int8 rows (", TYPE_I8_ROW, ")");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.dim() == 2 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(),
               "kquant_records_mm: x must be a contiguous float32 or bfloat16 [M, K] tensor");
@@ -565,7 +581,8 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
   const int64_t ldy = y.size(1);
 #if DRAFTSMAN_RECORDS
   // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
-  const bool tiles = use_tiles && m >= MIN_TILE_ROWS && qtype != TYPE_Q8_0;  // Q8_0: vectors only
+  // 8-bit records: vectors only
+  const bool tiles = use_tiles && m >= MIN_TILE_ROWS && qtype != TYPE_Q8_0 && qtype != TYPE_I8_ROW;
   const int64_t tiled = m > TILE_ROWS ? (m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : m;
   [[maybe_unused]] const int tile_rows = static_cast<int>(std::min<int64_t>(m, TILE_ROWS));
   // Many tiles: blocks laid out block-major (row m's block b at b * tiled + m), so that the
@@ -597,6 +614,8 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
         group<Q4kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), use_tiles, acc);
       } else if (qtype == TYPE_Q8_0) {
         group_on_vectors<Q8Path>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
+      } else if (qtype == TYPE_I8_ROW) {
+        group_on_vectors<I8Path>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
       } else {
         group<Q6kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), use_tiles, acc);
       }

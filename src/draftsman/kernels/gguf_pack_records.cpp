@@ -132,12 +132,46 @@ at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
   return out;
 }
 
+// int8 rows q [N, K] with one float32 scale each as records of 16 rows (kquant_records.h),
+// K padded to whole records with q = 0.
+at::Tensor int8_pack_records(const at::Tensor& q, const at::Tensor& scale) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(),
+              "int8_pack_records: q must be a contiguous int8 [N, K] tensor");
+  TORCH_CHECK(scale.dim() == 1 && scale.scalar_type() == at::kFloat && scale.size(0) == q.size(0) &&
+                  scale.is_contiguous(),
+              "int8_pack_records: scale must be a contiguous float32 [N] tensor");
+  const int64_t n = q.size(0), k = q.size(1), nb = (k + QK - 1) / QK, groups = (n + COLS - 1) / COLS;
+  at::Tensor out = zeros_on_huge_pages(groups, nb * I8_RECORD);
+  const int8_t* src = q.data_ptr<int8_t>();
+  const float* d = scale.data_ptr<float>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* rec = dst + (g * nb + b) * I8_RECORD;
+        for (int c = 0; c < COLS && g * COLS + c < n; ++c) {
+          const int8_t* row = src + (g * COLS + c) * k;
+          std::memcpy(rec + I8_OFF_D + 4 * c, d + g * COLS + c, 4);
+          for (int e = 0; e < QK; ++e) {  // element e: block e / 32, k-row (e % 32) / 4, byte e % 4
+            const int64_t at = b * QK + e;
+            const int8_t v = at < k ? row[at] : 0;
+            rec[I8_OFF_Q + 512 * (e / 32) + 64 * ((e % 32) / 4) + 4 * c + e % 4] = static_cast<uint8_t>(v ^ 0x80);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
   m.def("kquant_pack_records(Tensor w, int qtype) -> Tensor");
+  m.def("int8_pack_records(Tensor q, Tensor scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
   m.impl("kquant_pack_records", &kquant_pack_records);
+  m.impl("int8_pack_records", &int8_pack_records);
 }

@@ -45,6 +45,9 @@ struct alignas(64) Q8Block {
   // -128 psums as int32, for Q8_0 records, whose weights are stored as q + 128 (vpdpbusd
   // multiplies unsigned by signed bytes): their sums over a sub-block start here
   int32_t q8_offsets[QK / 32];
+  // -128 times the sums of q over the even and the odd 32-wide sub-blocks, for int8-row
+  // records (one accumulator per row over a whole record, its two halves as two)
+  int32_t i8_offsets[2];
 };
 
 inline float half_to_float(uint16_t h) {
@@ -78,6 +81,16 @@ inline float read_half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return half_to_float(h);
+}
+
+// The sums of 32 and the offsets for weights stored as q + 128, from the sums of 16.
+inline void int_offsets(Q8Block& o) {
+  o.i8_offsets[0] = o.i8_offsets[1] = 0;
+  for (int s = 0; s < QK / 32; ++s) {
+    o.psums[s] = static_cast<int16_t>(o.bsums[2 * s] + o.bsums[2 * s + 1]);
+    o.q8_offsets[s] = -128 * o.psums[s];
+    o.i8_offsets[s % 2] += o.q8_offsets[s];
+  }
 }
 
 // q = round-half-even(x * (127 / max|x|)) per 256, d = max|x| / 127 (the scalar loop states
@@ -168,10 +181,7 @@ inline void quantize_block_avx512(const T* xb, Q8Block& o) {
   const __m512i sums = sums_of_16(q);  // |sum| <= 16 * 127: int16
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.bsums), _mm512_cvtepi32_epi16(sums));
   _mm512_storeu_si512(o.q6_offsets, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 5)));
-  for (int s = 0; s < QK / 32; ++s) {
-    o.psums[s] = static_cast<int16_t>(o.bsums[2 * s] + o.bsums[2 * s + 1]);
-    o.q8_offsets[s] = -128 * o.psums[s];
-  }
+  int_offsets(o);
 }
 #endif
 
@@ -188,10 +198,7 @@ inline void quantize_block(const T* xb, Q8Block& o) {
 #else
   quantize_block_scalar(f, o);
 #endif
-  for (int s = 0; s < QK / 32; ++s) {
-    o.psums[s] = static_cast<int16_t>(o.bsums[2 * s] + o.bsums[2 * s + 1]);
-    o.q8_offsets[s] = -128 * o.psums[s];
-  }
+  int_offsets(o);
   for (int s = 0; s < QK / 16; ++s) o.q6_offsets[s] = -32 * o.bsums[s];
 #endif
 }

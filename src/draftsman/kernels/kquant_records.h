@@ -24,6 +24,9 @@
 //   [256, 4352)  q + 128, u8 [8 blocks j][8 k-rows r][16 columns][4]: byte (j, r, c, i) is
 //                element 4r + i of column c's block j, offset to unsigned for vpdpbusd
 // (the 0.5B's Q5_0 blocks take this record too: w = d (q5 - 16), q5 - 16 in -16..15)
+// int8 rows (one float32 scale per output row: w = d q), 4160 bytes:
+//   [0, 64)      d, f32 x 16 columns
+//   [64, 4160)   q + 128, u8 laid out as Q8_0's (k past the row's end: q = 0 stored as 128)
 
 #pragma once
 
@@ -44,9 +47,12 @@ constexpr int Q6_OFF_D = 0, Q6_OFF_SC = 32, Q6_OFF_QL = 288, Q6_OFF_QH = 2336;
 constexpr int Q6_RECORD = 3360;
 constexpr int Q8_OFF_D = 0, Q8_OFF_Q = 256;
 constexpr int Q8_RECORD = 4352;
+constexpr int64_t TYPE_I8_ROW = 1000;  // not a GGML type: int8 rows with one scale each
+constexpr int I8_OFF_D = 0, I8_OFF_Q = 64;
+constexpr int I8_RECORD = 4160;
 
 inline int record_bytes(int64_t qtype) {
-  return qtype == TYPE_Q4_K ? RECORD : qtype == TYPE_Q6_K ? Q6_RECORD : Q8_RECORD;
+  return qtype == TYPE_Q4_K ? RECORD : qtype == TYPE_Q6_K ? Q6_RECORD : qtype == TYPE_Q8_0 ? Q8_RECORD : I8_RECORD;
 }
 
 }  // namespace draftsman_amx

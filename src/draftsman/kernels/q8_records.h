@@ -7,6 +7,10 @@
 //         the accumulators start at Q8Block::q8_offsets, |C_j| <= 32 * 128 * 127 < 2^24)
 //   isum = sum_j d_j[n] C_j  (float fused multiply-adds, in j order; C_j is an exact float)
 //   acc = acc + d_x[m] isum
+// int8 rows (one scale per column n, TYPE_I8_ROW) need no per-block fold: one integer over
+// the whole record, C = sum_k x_q (q + 128) - 128 sum_k x_q = sum_k x_q q (|C| <= 256 * 128 *
+// 127 < 2^24, exact as a float), then acc = acc + (d[n] d_x[m]) C: per row and record 64
+// vpdpbusd and 3 other vector operations instead of Q8_0's 64 and 19.
 // Every row's arithmetic is its own, in a fixed order, on every CPU with the records (no tile
 // path: the per-block float scales do not fold into integer tiles), so a row's output is the
 // same alone or in any batch and thread count.
@@ -74,6 +78,57 @@ inline void q8_block_vectors(const Weights& weights, const uint8_t* xq, int64_t 
   for (int m = 0; m < R; ++m) {
     float* a = acc + COLS * m;
     _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(xb[m * row_step].d), isum[m], _mm512_loadu_ps(a)));
+  }
+}
+
+// int8-row weights, laid out as Q8Record's from I8_OFF_Q.
+struct I8Record {
+  const uint8_t* w;
+  void operator()(int p, int r, __m512i* q0, __m512i* q1) const {
+    *q0 = _mm512_loadu_si512(w + I8_OFF_Q + 512 * (2 * p) + 64 * r);
+    *q1 = _mm512_loadu_si512(w + I8_OFF_Q + 512 * (2 * p + 1) + 64 * r);
+  }
+};
+
+struct I8Unpacked {
+  static constexpr int BYTES = 64;
+  uint8_t* unused;
+  const uint8_t* w = nullptr;
+  void unpack(const uint8_t* record) { w = record; }
+  void operator()(int p, int r, __m512i* q0, __m512i* q1) const { I8Record{w}(p, r, q0, q1); }
+};
+
+// A record's 16 column scales.
+struct I8Scales {
+  __m512 d;
+  explicit I8Scales(const uint8_t* w) : d(_mm512_loadu_ps(w + I8_OFF_D)) {}
+};
+
+// One int8-row record against R rows (up to 16: two accumulators each, the even and odd
+// sub-blocks, whose two chains keep the vpdpbusd units busy at few rows).
+template <int R, typename Weights>
+inline void i8_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const I8Scales& s,
+                             const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
+  __m512i c[R][2];
+  for (int m = 0; m < R; ++m) {
+    const Q8Block& x = xb[m * row_step];
+    c[m][0] = _mm512_set1_epi32(x.i8_offsets[0]);
+    c[m][1] = _mm512_set1_epi32(x.i8_offsets[1]);
+  }
+  for (int p = 0; p < 4; ++p) {
+    for (int r = 0; r < 8; ++r) {
+      ahead.line();  // 65 lines over 32 steps, the rest after the record
+      ahead.line();
+      __m512i q0, q1;
+      weights(p, r, &q0, &q1);
+      rows_dpbusd<R>(xq + 64 * p + 4 * r, xstride, 32, q0, q1, c);
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    float* a = acc + COLS * m;
+    const __m512 dd = _mm512_mul_ps(s.d, _mm512_set1_ps(xb[m * row_step].d));
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(c[m][0], c[m][1]));
+    _mm512_storeu_ps(a, _mm512_fmadd_ps(dd, sum, _mm512_loadu_ps(a)));
   }
 }
 

@@ -1,16 +1,15 @@
-"""Q8_0 blocks, the 8-bit weights of the records kernel (kernels/q8_records.h).
+"""Q8_0 blocks on the records kernel (kernels/q8_records.h), for a GGUF's 8-bit and 5-bit
+matrices under q4 (the 0.5B's GGUF keeps most in Q5_0 and some in Q8_0).
 
-A Q8_0 block is GGML's: 32 weights w = d q, d one float16, q int8 in -127..127 (34 bytes).
-Where the CPU has AVX-512 VNNI, every 8-bit matrix runs as Q8_0 blocks repacked into records
-of 16 rows, against activations in int8 per 256, so that verifying 16 rows costs little more
-than one (weight_formats.int8_kernel() == "records"). They come from:
-- a GGUF's Q8_0 blocks, as stored (exact);
+A Q8_0 block is GGML's: 32 weights w = d q, d one float16, q int8 (34 bytes). Where the CPU
+has AVX-512 VNNI (weight_formats.int8_kernel() == "records") they are repacked into records
+of 16 rows and multiplied against activations in int8 per 256, so that verifying 16 rows
+costs little more than one. They come from:
+- a GGUF's Q8_0 blocks, as stored;
 - a GGUF's Q5_0 blocks, exactly: w = d (q5 - 16) with q5 in 0..31 is the Q8_0 block with the
   same d and q = q5 - 16 (1 byte a weight instead of 0.69, for a kernel that reads whole
-  bytes with nothing to unpack);
-- anything else (float weights, other block types dequantised): requantised per 32,
-  d = max|w| / 127 rounded to float16 and q = round(w / d), within half a step of w (finer
-  than one scale per output row).
+  bytes with nothing to unpack; 1 byte is what the int8 rows these matrices took before
+  read, with per-row scales instead of the GGUF's).
 """
 
 from __future__ import annotations
@@ -49,22 +48,6 @@ def q8_0_from_blocks(t: BlockTensor) -> BlockTensor:
     out[..., :2] = b[..., :2]
     out[..., 2:] = q.astype(np.int8).view(np.uint8)
     return BlockTensor(t.name, Q8_0, t.shape, out.reshape(n, -1))
-
-
-def quantize_q8_0(name: str, w: torch.Tensor) -> BlockTensor:
-    """[N, K] float weights as Q8_0 blocks (K a multiple of 32), per the module docstring."""
-    n, k = w.shape
-    if not fits(k):
-        raise UnsupportedError(f"{name}: width {k} is not whole blocks of {BLOCK}")
-    out = np.empty((n, k // BLOCK, Q8_0_BYTES), dtype=np.uint8)
-    for i in range(0, n, 1024):  # in slices: no full-size float temporaries
-        blocks = w[i:i + 1024].float().reshape(-1, k // BLOCK, BLOCK)
-        d = (blocks.abs().amax(dim=-1, keepdim=True) / 127).to(torch.float16)
-        step = d.float()
-        q = torch.where(step > 0, torch.round(blocks / step.clamp_min(1e-30)), 0).clamp_(-127, 127)
-        out[i:i + 1024, :, :2] = d.numpy().view(np.uint8)
-        out[i:i + 1024, :, 2:] = q.to(torch.int8).numpy().view(np.uint8)
-    return BlockTensor(name, Q8_0, (n, k), out.reshape(n, -1))
 
 
 def q8_0_weights(t: BlockTensor) -> torch.Tensor:

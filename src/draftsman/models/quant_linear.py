@@ -20,19 +20,20 @@ Which GGUF block types map how, under `q4`:
     Q4_1  w = d q + m           -> scale d,      zero 8 d + m
     Q4_K  w = d sc q - dmin m   -> scale d sc,   zero 8 d sc - dmin m  (each 32-wide
           sub-block of a 256-wide super-block, 6-bit sc and m)
-- on the 8-bit kernel (weight_formats.int8_kernel): every other type. Where it is "records"
-  (AVX-512 VNNI), as Q8_0 blocks (models/q8_blocks.py): Q8_0 as stored and Q5_0 exactly,
-  the rest (Q5_1, Q6_K of another width, F16, ...) requantised per 32. Elsewhere converted
-  onto int8 per output row, requantised symmetrically from the dequantised weights: int8
-  has more levels than these blocks, so a row loses at most half a step of max|row| / 127
-  (per-row instead of per-block scales), never bits the GGUF stored; the tests measure it.
+- where 8-bit matrices run on records (weight_formats.int8_kernel, AVX-512 VNNI): Q8_0 as
+  stored and Q5_0 exactly, as Q8_0 records (models/q8_blocks.py);
+- converted onto int8 per output row (models/int8_linear.py): every other type gguf can
+  dequantise (Q5_*, Q6_K, Q8_0, F16, ...), requantised symmetrically from its dequantised
+  weights. int8 has more levels than these blocks, so a row loses at most half a step of
+  max|row| / 127 (per-row instead of per-block scales), never bits the GGUF stored; the
+  tests measure it.
 - anything else: UnsupportedError naming the tensor and its type.
 Under `q4-draft` (a draft's format: its guesses are checked, so it may lose precision the
 GGUF kept) Q4_K matrices run as stored and every other one is requantised to Q4_K at load
 (`draftsman::quantize_q4k`, kernels/gguf_convert.cpp), its width padded with zero weights
 to a multiple of 256 (the 0.5B's 896-wide Q5_0 matrices: 0.56 bytes a weight instead of
 int8's 1); the kernel reads the narrower activations as if zero-padded.
-Under `q8` every matrix takes the 8-bit kernel. Embeddings, norms, biases and the KV cache
+Under `q8` every matrix is int8 per output row. Embeddings, norms, biases and the KV cache
 stay in the activation dtype; the LM head (tied to the embeddings or not) is quantised.
 """
 
@@ -55,10 +56,10 @@ from draftsman.kernels.native import (
 )
 from draftsman.models.base import DecoderLM
 from draftsman.models.draft_vocab import VocabSubsetHead
-from draftsman.models.int8_linear import Int8Matrix, OneDnnInt8Matrix
+from draftsman.models.int8_linear import Int8Matrix, Int8RecordsMatrix, OneDnnInt8Matrix
 from draftsman.models.llama import FUSED_LINEARS
 from draftsman.models.q8_blocks import EXACT as Q8_EXACT
-from draftsman.models.q8_blocks import Q8_0, q8_0_from_blocks, quantize_q8_0
+from draftsman.models.q8_blocks import Q8_0, q8_0_from_blocks
 from draftsman.models.q8_blocks import fits as q8_fits
 from draftsman.models.weight_formats import FORMATS, QUANT_KINDS, int8_kernel
 from draftsman.store.gguf_blocks import BlockTensor
@@ -247,24 +248,14 @@ class Int4Matrix(nn.Module):
 
 
 def q8_records() -> bool:
-    """Whether 8-bit matrices run as Q8_0 records here (weight_formats.int8_kernel)."""
+    """Whether 8-bit matrices run on records here (weight_formats.int8_kernel)."""
     return int8_kernel() == "records" and kquant_available() and kquant_records()
 
 
-def q8_record_blocks(name: str, src: BlockTensor | torch.Tensor) -> tuple[BlockTensor, str]:
-    """`src` as Q8_0 blocks, and how (for the load summary)."""
-    if isinstance(src, torch.Tensor):
-        return quantize_q8_0(name, src.float()), "float -> Q8_0 records (requantised)"
-    if src.qtype in Q8_EXACT:
-        how = "as stored" if src.qtype == Q8_0 else "exact"
-        return q8_0_from_blocks(src), f"{src.type_name} -> Q8_0 records ({how})"
-    return (quantize_q8_0(name, dequantize_rows(src)),
-            f"{src.type_name} -> Q8_0 records (requantised)")
-
-
 def int8_matrix(w: torch.Tensor, dtype: torch.dtype) -> nn.Module:
-    """The int8-per-row matrix for this CPU (weight_formats.int8_kernel; where that is
-    "records" but a matrix cannot take them, oneDNN: the CPU has VNNI)."""
+    """The int8-per-row matrix for this CPU (weight_formats.int8_kernel)."""
+    if q8_records():
+        return Int8RecordsMatrix(w)
     return Int8Matrix(w, dtype) if int8_kernel() == "packed" else OneDnnInt8Matrix(w, dtype)
 
 
@@ -368,7 +359,7 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
     fmt = FORMATS[kind]
     requantise = fmt.requantises_to_q4k and kquant_available()
     records = q8_records()
-    for name, src in sources:
+    for _, src in sources:
         if requantise and not (isinstance(src, BlockTensor) and src.qtype == _Q4_K
                           and takes_native(src)):
             name = src.type_name if isinstance(src, BlockTensor) else "float"
@@ -376,14 +367,13 @@ def _runs(sources: list[tuple[str, BlockTensor | torch.Tensor]], kind: str, dtyp
             if native or int4 or int8 or q8:
                 flush()
             requant.append(src.float() if isinstance(src, torch.Tensor) else dequantize_rows(src))
-        elif records and q8_fits(src.shape[1]) and not (
-                fmt.keeps_4bit and isinstance(src, BlockTensor)
-                and (takes_native(src) or src.qtype in INT4_EXACT)):
-            block, how = q8_record_blocks(name, src)
-            summary[how] += 1
+        elif (records and fmt.keeps_4bit and isinstance(src, BlockTensor)
+              and src.qtype in Q8_EXACT and q8_fits(src.shape[1])):
+            how = "as stored" if src.qtype == Q8_0 else "exact"
+            summary[f"{src.type_name} -> Q8_0 records ({how})"] += 1
             if native or int4 or int8 or requant:
                 flush()
-            q8.append(block)
+            q8.append(q8_0_from_blocks(src))
         elif isinstance(src, torch.Tensor):
             summary["float -> int8 per row"] += 1
             if native or int4 or requant or q8:
