@@ -12,6 +12,10 @@ sweep streams the weights from memory, as a decode step does). Kernels are timed
   path (`kquant_isa`); kquant-q4k-avx2 beside it where that is AVX-512, and the same blocks
   repacked into records of 16 rows where the CPU has AVX-512 VNNI: kquant-q4k-records (VNNI
   vectors) or, where it has AMX, kquant-q4k-amx (tiles from 6 rows);
+- int8-records: onednn-int8's int8 rows and scales repacked into records of 16 rows
+  (int8_linear.Int8RecordsMatrix, AVX-512 VNNI), activations in int8 per 256: q8's kernel
+  there; q8_0-records: the same weights as Q8_0 blocks of 32 on records (the 0.5B's Q5_0 /
+  Q8_0 matrices under q4);
 - bf16: a dense bf16 matmul.
 Writes one JSON line per (kernel, k) with the CPU's name and flags.
 
@@ -34,7 +38,7 @@ import torch
 
 from draftsman.hardware import cpu_flags, cpu_model
 from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, kquant_records
-from draftsman.models.int8_linear import Int8Matrix, OneDnnInt8Matrix
+from draftsman.models.int8_linear import Int8Matrix, Int8RecordsMatrix, OneDnnInt8Matrix
 from draftsman.models.quant_linear import (
     Int4Matrix,
     KQuantMatrix,
@@ -62,6 +66,15 @@ def q6k_blocks(n: int, k: int, rng: np.random.Generator) -> BlockTensor:
     return BlockTensor("w", 14, (n, k), b.reshape(n, -1))
 
 
+def q8_0_blocks(w: torch.Tensor) -> BlockTensor:
+    """w as Q8_0 blocks (gguf's own quantiser)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    rows = quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+    return BlockTensor("w", int(GGMLQuantizationType.Q8_0), tuple(w.shape), rows)
+
+
 def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
     """Per kernel, `count` distinct matrices as callables x -> y."""
     rng = np.random.default_rng(0)
@@ -73,6 +86,7 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
             kernels["kquant-q4k-avx2"] = []
         if kquant_records():  # AMX tiles where kquant_amx
             kernels["kquant-q4k-amx" if kquant_amx() else "kquant-q4k-records"] = []
+            kernels["int8-records"], kernels["q8_0-records"] = [], []
     for _ in range(count):
         blocks = q4k_blocks(n, k, rng)
         w = torch.from_numpy(rng.standard_normal((n, k), dtype=np.float32)) * 0.02
@@ -85,6 +99,9 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
         for name in ("kquant-q4k-amx", "kquant-q4k-records"):
             if name in kernels:
                 kernels[name].append(KQuantRecordsMatrix([blocks]))
+        if "int8-records" in kernels:
+            kernels["int8-records"].append(Int8RecordsMatrix(w))
+            kernels["q8_0-records"].append(KQuantRecordsMatrix([q8_0_blocks(w)]))
         if "kquant-q4k-avx2" in kernels:
             rows = kernels["kquant-q4k"][-1].blocks
             kernels["kquant-q4k-avx2"].append(

@@ -12,18 +12,18 @@ a quantised format:
   (`companion_dtype`).
 - `q8`: every matrix in 8 bits, from a GGUF's blocks or the folder's weights, on the kernel
   `int8_kernel()` picks for the CPU:
-  - "records" (AVX-512 VNNI without AMX): Q8_0 blocks (int8 per 32 with a float16 scale;
-    a GGUF's Q8_0 and Q5_0 blocks exactly, the rest requantised, models/q8_blocks.py) in
-    records of 16 rows on draftsman's kernel, activations in int8 per 256. 24 distinct
-    8960 x 1536 matrices, 2 threads, an Emerald Rapids core: 1 / 8 / 16 rows 12.4 / 15.7 /
-    18.7 ms against oneDNN's 16.6 / 20.6 / 26.4;
+  - "records" (AVX-512 VNNI without AMX): int8 per output row in records of 16 rows on
+    draftsman's kernel (models/int8_linear.py), activations in int8 per 256. 24 distinct
+    8960 x 1536 matrices, 2 threads, an Emerald Rapids core: 1 / 8 / 16 rows 14.5 / 17.3 /
+    23.5 ms against oneDNN's 22.1 / 28.2 / 34.3 (bench-results/kernels-avx512);
   - "onednn" (AMX-INT8, AVX-VNNI): int8 per output row on oneDNN's int8 GEMM, activations
     in int8 per row (on an AMX Xeon its tiles measured v(16) 1.28-1.34 for the 1.5B; the
     records' vectors are not measured there);
   - "packed" (no int8 dot product): int8 per output row on PyTorch's weight-only int8 kernel
     with float activations, which measured 2x faster than oneDNN's int8 path on an AVX2
     EPYC (56 vs 114 ms for 24 8960x1536 matrices).
-  Under `q4`, the GGUF's matrices that are neither Q4_K/Q6_K nor 4-bit take the same kernel.
+  Under `q4`, the GGUF's matrices that are neither Q4_K/Q6_K nor 4-bit take the same kernel
+  (on records, Q8_0 and Q5_0 blocks as the GGUF stores their weights: models/q8_blocks.py).
 
 The loader, the engine and the CLI ask this module; adding a format touches it and the
 matrix classes in quant_linear.py only.
