@@ -141,29 +141,39 @@ def q8_onednn():
         return quantised(config, state, blocks, kind="q8")
 
 
-def test_q8_model_runs_every_matrix_on_onednn(q8_onednn):
-    kinds = {type(p) for m in q8_onednn.modules() if hasattr(m, "parts") for p in m.parts}
-    assert kinds == {OneDnnInt8Matrix} and Int8Matrix not in kinds
+def assert_rows_match_one_token_steps(model) -> None:
+    """A 10-token forward's rows against 10 one-token steps through the cache."""
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
     pos = torch.arange(10)[None]
-    whole = q8_onednn(ids, pos, q8_onednn.new_cache(16)).logits
-    cache = q8_onednn.new_cache(16)
-    steps = [q8_onednn(ids[:, i:i + 1], pos[:, i:i + 1], cache, start=i).logits
-             for i in range(10)]
+    whole = model(ids, pos, model.new_cache(16)).logits
+    cache = model.new_cache(16)
+    steps = [model(ids[:, i:i + 1], pos[:, i:i + 1], cache, start=i).logits for i in range(10)]
     # attention over different key counts rounds differently: close, and the same argmax
     torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("tree", [False, True])
-def test_exact_methods_on_q8_onednn_emit_its_own_tokens(q8_onednn, tree):
-    reference = Autoregressive(q8_onednn)
+def assert_exact_methods_emit_its_own_tokens(model, tree: bool) -> None:
+    """Speculative (or tree) decoding with prompt lookup emits the model's own greedy
+    tokens, and accepts some guesses."""
+    reference = Autoregressive(model)
     accepted = 0
     for prompt in prompts(3):
-        spec = (TreeSpeculative(q8_onednn, PromptLookupProposer(), make_policy(3, None),
+        spec = (TreeSpeculative(model, PromptLookupProposer(), make_policy(3, None),
                                 BranchPlanner(2)) if tree else
-                Speculative(q8_onednn, PromptLookupProposer(), make_policy(4, None)))
+                Speculative(model, PromptLookupProposer(), make_policy(4, None)))
         want, _ = run(reference, prompt, max_new=24)
         got, steps = run(spec, prompt, max_new=24)
         assert got == want
         accepted += sum(s.accepted for s in steps)
     assert accepted > 0
+
+
+def test_q8_model_runs_every_matrix_on_onednn(q8_onednn):
+    kinds = {type(p) for m in q8_onednn.modules() if hasattr(m, "parts") for p in m.parts}
+    assert kinds == {OneDnnInt8Matrix} and Int8Matrix not in kinds
+    assert_rows_match_one_token_steps(q8_onednn)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_exact_methods_on_q8_onednn_emit_its_own_tokens(q8_onednn, tree):
+    assert_exact_methods_emit_its_own_tokens(q8_onednn, tree)

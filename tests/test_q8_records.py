@@ -14,6 +14,10 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
+from test_int8_onednn import (
+    assert_exact_methods_emit_its_own_tokens,
+    assert_rows_match_one_token_steps,
+)
 from test_kquant_kernel import assert_batch_invariant
 from test_quant import random_blocks
 
@@ -155,39 +159,13 @@ def test_q8_model_runs_every_matrix_as_int8_records(q8_on_records):
     assert parts and all(isinstance(p, Int8RecordsMatrix) for p in parts)
     assert all(how.endswith("int8 per row (requantised)")
                for how in q8_on_records.quant_summary)
-    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3]])
-    pos = torch.arange(10)[None]
-    whole = q8_on_records(ids, pos, q8_on_records.new_cache(16)).logits
-    cache = q8_on_records.new_cache(16)
-    steps = [q8_on_records(ids[:, i:i + 1], pos[:, i:i + 1], cache, start=i).logits
-             for i in range(10)]
-    # attention over different key counts rounds differently: close, and the same argmax
-    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-4, atol=1e-4)
+    assert_rows_match_one_token_steps(q8_on_records)
 
 
 @records
 @pytest.mark.parametrize("tree", [False, True])
 def test_exact_methods_on_q8_records_emit_its_own_tokens(q8_on_records, tree):
-    from test_speculative import prompts, run
-
-    from draftsman.proposers.prompt_lookup import PromptLookupProposer
-    from draftsman.strategies.autoregressive import Autoregressive
-    from draftsman.strategies.branches import BranchPlanner
-    from draftsman.strategies.gamma import make_policy
-    from draftsman.strategies.speculative import Speculative
-    from draftsman.strategies.tree_speculative import TreeSpeculative
-
-    reference = Autoregressive(q8_on_records)
-    accepted = 0
-    for prompt in prompts(3):
-        spec = (TreeSpeculative(q8_on_records, PromptLookupProposer(), make_policy(3, None),
-                                BranchPlanner(2)) if tree else
-                Speculative(q8_on_records, PromptLookupProposer(), make_policy(4, None)))
-        want, _ = run(reference, prompt, max_new=24)
-        got, steps = run(spec, prompt, max_new=24)
-        assert got == want
-        accepted += sum(s.accepted for s in steps)
-    assert accepted > 0
+    assert_exact_methods_emit_its_own_tokens(q8_on_records, tree)
 
 
 @records

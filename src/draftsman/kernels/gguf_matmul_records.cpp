@@ -445,35 +445,21 @@ struct Q6kPath {
 #endif
 };
 
-// Q8_0 (q8_records.h): vectors only, the same float code at every row count.
-struct Q8Path {
-  static constexpr int BYTES = Q8_RECORD;
-  // 8 rows in registers (16 sums + 8 totals + 2 weight vectors); more take passes over the
-  // record in L1, which has nothing to unpack
+// The 8-bit records (q8_records.h), vectors only: Q8_0 blocks (Scales = Q8Scales, one float16
+// scale per 32 folded per block) and int8 rows (I8Scales, one integer per record and row).
+// 8 rows in registers (two accumulators each, 2 weight vectors); more take passes over the
+// record in L1, which has nothing to unpack.
+template <typename S>
+struct BytePath {
+  static constexpr int BYTES = S::RECORD_BYTES;
   static constexpr int PASS_ROWS = 8;
-  using Scales = Q8Scales;
-  using Record = Q8Record;
-  using Unpacked = Q8Unpacked;
+  using Scales = S;
+  using Record = ByteRecord<S::WEIGHTS>;
+  using Unpacked = ByteUnpacked<S::WEIGHTS>;
   template <int R, typename Weights>
   static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
                     int64_t row_step, float* acc, RecordPrefetch& ahead) {
-    q8_block_vectors<R>(weights, quants(xb), xstride, s, xb, row_step, acc, ahead);
-  }
-};
-
-// int8 rows (q8_records.h): vectors only.
-struct I8Path {
-  static constexpr int BYTES = I8_RECORD;
-  // 2 accumulators a row (two dependency chains) and 2 weight vectors: 16 rows run as 2
-  // passes of 8 over the record in L1
-  static constexpr int PASS_ROWS = 8;
-  using Scales = I8Scales;
-  using Record = I8Record;
-  using Unpacked = I8Unpacked;
-  template <int R, typename Weights>
-  static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
-                    int64_t row_step, float* acc, RecordPrefetch& ahead) {
-    i8_block_vectors<R>(weights, quants(xb), xstride, s, xb, row_step, acc, ahead);
+    byte_block_vectors<R>(weights, quants(xb), xstride, s, xb, row_step, acc, ahead);  // by S
   }
 };
 
@@ -613,9 +599,9 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
       if (qtype == TYPE_Q4_K) {
         group<Q4kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), use_tiles, acc);
       } else if (qtype == TYPE_Q8_0) {
-        group_on_vectors<Q8Path>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
+        group_on_vectors<BytePath<Q8Scales>>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
       } else if (qtype == TYPE_I8_ROW) {
-        group_on_vectors<I8Path>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
+        group_on_vectors<BytePath<I8Scales>>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
       } else {
         group<Q6kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), use_tiles, acc);
       }

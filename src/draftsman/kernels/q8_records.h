@@ -1,6 +1,7 @@
-// The Q8_0 path of the records kernel (gguf_matmul_records.cpp; layout in kquant_records.h):
-// 8-bit weights in blocks of 32, each with its own f16 scale, against activations in int8
-// per 256 (Q8Block), 16 columns a vpdpbusd.
+// The 8-bit paths of the records kernel (gguf_matmul_records.cpp; layouts in
+// kquant_records.h): Q8_0 blocks of 32, each with its own f16 scale, and int8 rows with one
+// scale each, against activations in int8 per 256 (Q8Block), 16 columns a vpdpbusd. Each
+// record's block function is `byte_block_vectors`, overloaded on its scales.
 //
 // Per record (16 columns x 256 k), activation row m and column n, block j of 32:
 //   C_j = sum_k x_q[m, k] (q[n, k] + 128) - 128 psum_j[m] = sum_k x_q q  (exact in int32:
@@ -21,26 +22,30 @@
 #if DRAFTSMAN_RECORDS
 namespace draftsman_amx {
 
-// Weights of blocks 2p (q0) and 2p + 1 (q1), k-row r: stored unsigned, nothing to unpack.
-struct Q8Record {
+// Weights of sub-blocks 2p (q0) and 2p + 1 (q1), k-row r, of a record whose bytes (q + 128,
+// laid out as Q8_0's) start at OFF: stored unsigned, nothing to unpack.
+template <int OFF>
+struct ByteRecord {
   const uint8_t* w;
   void operator()(int p, int r, __m512i* q0, __m512i* q1) const {
-    *q0 = _mm512_loadu_si512(w + Q8_OFF_Q + 512 * (2 * p) + 64 * r);
-    *q1 = _mm512_loadu_si512(w + Q8_OFF_Q + 512 * (2 * p + 1) + 64 * r);
+    *q0 = _mm512_loadu_si512(w + OFF + 512 * (2 * p) + 64 * r);
+    *q1 = _mm512_loadu_si512(w + OFF + 512 * (2 * p + 1) + 64 * r);
   }
 };
 
 // The "unpacked" form several passes of rows read: the record itself (it sits in L1).
-struct Q8Unpacked {
+template <int OFF>
+struct ByteUnpacked {
   static constexpr int BYTES = 64;
   uint8_t* unused;
   const uint8_t* w = nullptr;
   void unpack(const uint8_t* record) { w = record; }
-  void operator()(int p, int r, __m512i* q0, __m512i* q1) const { Q8Record{w}(p, r, q0, q1); }
+  void operator()(int p, int r, __m512i* q0, __m512i* q1) const { ByteRecord<OFF>{w}(p, r, q0, q1); }
 };
 
 // A record's block scales as floats, [block j][16 columns].
 struct Q8Scales {
+  static constexpr int RECORD_BYTES = Q8_RECORD, WEIGHTS = Q8_OFF_Q;
   __m512 d[8];
   explicit Q8Scales(const uint8_t* w) {
     for (int j = 0; j < 8; ++j) {
@@ -52,8 +57,8 @@ struct Q8Scales {
 // One Q8_0 record against R rows in registers (row m's block at xb[m * row_step], its int8
 // quants at xq + m * xstride), each pair of blocks folded into isum as it completes.
 template <int R, typename Weights>
-inline void q8_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const Q8Scales& s,
-                             const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
+inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const Q8Scales& s,
+                               const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
   __m512 isum[R];
   for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_ps();
   for (int p = 0; p < 4; ++p) {
@@ -81,25 +86,9 @@ inline void q8_block_vectors(const Weights& weights, const uint8_t* xq, int64_t 
   }
 }
 
-// int8-row weights, laid out as Q8Record's from I8_OFF_Q.
-struct I8Record {
-  const uint8_t* w;
-  void operator()(int p, int r, __m512i* q0, __m512i* q1) const {
-    *q0 = _mm512_loadu_si512(w + I8_OFF_Q + 512 * (2 * p) + 64 * r);
-    *q1 = _mm512_loadu_si512(w + I8_OFF_Q + 512 * (2 * p + 1) + 64 * r);
-  }
-};
-
-struct I8Unpacked {
-  static constexpr int BYTES = 64;
-  uint8_t* unused;
-  const uint8_t* w = nullptr;
-  void unpack(const uint8_t* record) { w = record; }
-  void operator()(int p, int r, __m512i* q0, __m512i* q1) const { I8Record{w}(p, r, q0, q1); }
-};
-
 // A record's 16 column scales.
 struct I8Scales {
+  static constexpr int RECORD_BYTES = I8_RECORD, WEIGHTS = I8_OFF_Q;
   __m512 d;
   explicit I8Scales(const uint8_t* w) : d(_mm512_loadu_ps(w + I8_OFF_D)) {}
 };
@@ -107,8 +96,8 @@ struct I8Scales {
 // One int8-row record against R rows (up to 16: two accumulators each, the even and odd
 // sub-blocks, whose two chains keep the vpdpbusd units busy at few rows).
 template <int R, typename Weights>
-inline void i8_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const I8Scales& s,
-                             const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
+inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const I8Scales& s,
+                               const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
   __m512i c[R][2];
   for (int m = 0; m < R; ++m) {
     const Q8Block& x = xb[m * row_step];
