@@ -177,3 +177,17 @@ def test_q8_model_runs_every_matrix_on_onednn(q8_onednn):
 @pytest.mark.parametrize("tree", [False, True])
 def test_exact_methods_on_q8_onednn_emit_its_own_tokens(q8_onednn, tree):
     assert_exact_methods_emit_its_own_tokens(q8_onednn, tree)
+
+
+def test_verbose_names_the_8bit_kernel(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from draftsman.cli.generate_cmd import report_choices
+
+    model = SimpleNamespace(quant_summary={"Q6_K -> int8 per row (requantised)": 3})
+    engine = SimpleNamespace(backend="torch", backend_reason="asked for",
+                             target=SimpleNamespace(model=model))
+    for kernel, name in weight_formats.INT8_KERNEL_NAMES.items():
+        monkeypatch.setattr("draftsman.cli.generate_cmd.int8_kernel", lambda k=kernel: k)
+        report_choices(engine)
+        assert f"kernel: 8-bit matrices on {name}" in capsys.readouterr().err

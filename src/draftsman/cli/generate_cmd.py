@@ -22,7 +22,7 @@ from draftsman.kernels.native import (
     unavailable_reason,
 )
 from draftsman.models.static_step import StaticConfig
-from draftsman.models.weight_formats import DTYPE_CHOICES
+from draftsman.models.weight_formats import DTYPE_CHOICES, INT8_KERNEL_NAMES, int8_kernel
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import registry
 from draftsman.strategies.default_method import DEFAULT, DEFAULT_METHOD, TORCH_DEFAULT_METHOD
@@ -184,6 +184,9 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
             path = ("records of 16 rows on AMX-INT8 tiles" if kquant_amx() else
                     "records of 16 rows on AVX-512 VNNI" if kquant_records() else kquant_isa())
             print(f"kernel: K-quant blocks on {path}", file=sys.stderr)
+        if any("int8 per row" in k or "Q8_0 records" in k for k in summary):
+            print(f"kernel: 8-bit matrices on {INT8_KERNEL_NAMES[int8_kernel()]}",
+                  file=sys.stderr)
         if getattr(engine.target.model, "fused_cpu_ops", False):
             tiles = " (bf16 attention on AMX-BF16 tiles)" if attention_amx() else ""
             print("ops: norms, SwiGLU and short attention on draftsman's fused CPU kernels"

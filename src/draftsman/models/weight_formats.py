@@ -108,6 +108,8 @@ def gguf_source(spec: str, dtype: str | torch.dtype) -> Path | None:
 # ---- int8 x int8 on the CPU ----
 
 INT8_KERNELS = ("records", "onednn", "packed")
+INT8_KERNEL_NAMES = {"records": "draftsman's records of 16 rows (AVX-512 VNNI)",
+                     "onednn": "oneDNN's int8 GEMM", "packed": "PyTorch's weight-only int8"}
 _NO_SATURATION = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
