@@ -23,7 +23,8 @@ from test_quant import random_blocks
 
 from draftsman.kernels.native import kquant_records
 from draftsman.models.int8_linear import TYPE_I8_ROW, Int8RecordsMatrix, int8_rows
-from draftsman.models.q8_blocks import q8_0_from_blocks, q8_0_weights
+from draftsman.models.q8_blocks import q8_0_from_blocks
+from draftsman.models.quant_linear import dequantize_rows
 from draftsman.store.gguf_blocks import BlockTensor
 
 records = pytest.mark.skipif(not kquant_records(),
@@ -140,7 +141,7 @@ def test_q5_0_blocks_become_q8_0_blocks_of_the_same_weights():
     assert q8.qtype == Q.Q8_0 and q8.rows.shape == (24, 896 // 32 * 34)
     want = dequantize(t.rows, Q.Q5_0).reshape(24, 896)
     assert np.array_equal(dequantize(q8.rows, Q.Q8_0).reshape(24, 896), want)
-    assert torch.equal(q8_0_weights(q8), torch.from_numpy(want))
+    assert torch.equal(dequantize_rows(q8), torch.from_numpy(want))
 
 
 @pytest.fixture(scope="module")

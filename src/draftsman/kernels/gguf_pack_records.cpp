@@ -62,14 +62,19 @@ void pack_q6k(const uint8_t* blk, int c, uint8_t* rec) {
   }
 }
 
+// Where weight e (0..255) of column c sits in an 8-bit record's weights (Q8_0's and int8
+// rows' layout): block e / 32, k-row (e % 32) / 4, byte e % 4.
+inline int byte_index(int e, int c) { return 512 * (e / 32) + 64 * ((e % 32) / 4) + 4 * c + e % 4; }
+
+// An int8 weight as the records store it: q + 128 (vpdpbusd takes unsigned bytes).
+inline uint8_t offset_byte(int8_t q) { return static_cast<uint8_t>(q ^ 0x80); }
+
 // Q8_0 blocks j = 0..count-1 of a record (each 32 wide: d f16, 32 int8 q) from `blk`
 void pack_q8_0(const uint8_t* blk, int count, int c, uint8_t* rec) {
   for (int j = 0; j < count; ++j, blk += Q8_0_BYTES) {
     std::memcpy(rec + Q8_OFF_D + 2 * (COLS * j + c), blk, 2);
-    for (int r = 0; r < 8; ++r) {
-      for (int i = 0; i < 4; ++i) {
-        rec[Q8_OFF_Q + 512 * j + 64 * r + 4 * c + i] = static_cast<uint8_t>(blk[2 + 4 * r + i] ^ 0x80);  // q + 128
-      }
+    for (int e = 0; e < 32; ++e) {
+      rec[Q8_OFF_Q + byte_index(32 * j + e, c)] = offset_byte(static_cast<int8_t>(blk[2 + e]));
     }
   }
 }
@@ -152,10 +157,9 @@ at::Tensor int8_pack_records(const at::Tensor& q, const at::Tensor& scale) {
         for (int c = 0; c < COLS && g * COLS + c < n; ++c) {
           const int8_t* row = src + (g * COLS + c) * k;
           std::memcpy(rec + I8_OFF_D + 4 * c, d + g * COLS + c, 4);
-          for (int e = 0; e < QK; ++e) {  // element e: block e / 32, k-row (e % 32) / 4, byte e % 4
+          for (int e = 0; e < QK; ++e) {
             const int64_t at = b * QK + e;
-            const int8_t v = at < k ? row[at] : 0;
-            rec[I8_OFF_Q + 512 * (e / 32) + 64 * ((e % 32) / 4) + 4 * c + e % 4] = static_cast<uint8_t>(v ^ 0x80);
+            rec[I8_OFF_Q + byte_index(e, c)] = offset_byte(at < k ? row[at] : 0);
           }
         }
       }

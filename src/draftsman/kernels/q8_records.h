@@ -93,7 +93,7 @@ struct I8Scales {
   explicit I8Scales(const uint8_t* w) : d(_mm512_loadu_ps(w + I8_OFF_D)) {}
 };
 
-// One int8-row record against R rows (up to 16: two accumulators each, the even and odd
+// One int8-row record against R rows (up to 8: two accumulators each, the even and odd
 // sub-blocks, whose two chains keep the vpdpbusd units busy at few rows).
 template <int R, typename Weights>
 inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const I8Scales& s,

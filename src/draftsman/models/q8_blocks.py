@@ -15,7 +15,6 @@ costs little more than one. They come from:
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from draftsman.errors import UnsupportedError
 from draftsman.store.gguf_blocks import BlockTensor
@@ -49,11 +48,3 @@ def q8_0_from_blocks(t: BlockTensor) -> BlockTensor:
     out[..., 2:] = q.astype(np.int8).view(np.uint8)
     return BlockTensor(t.name, Q8_0, t.shape, out.reshape(n, -1))
 
-
-def q8_0_weights(t: BlockTensor) -> torch.Tensor:
-    """[N, K] float32 weights of Q8_0 blocks (for tests and inspection)."""
-    n, k = t.shape
-    b = np.asarray(t.rows).reshape(n, k // BLOCK, Q8_0_BYTES)
-    d = b[..., :2].copy().view(np.float16).astype(np.float32)
-    q = b[..., 2:].copy().view(np.int8).astype(np.float32)
-    return torch.from_numpy((q * d).reshape(n, k))
