@@ -202,6 +202,31 @@ def test_records_of_a_large_matrix_sit_on_huge_page_boundaries_and_compute_the_s
     assert not packed[-1, 16:32].any()  # the f16 d of the 8 missing columns, first record
 
 
+@records
+@pytest.mark.parametrize("tiles", PATHS)
+def test_a_width_ending_in_a_half_block_packs_a_half_record_of_the_same_bits(tiles):
+    """896 = 3.5 blocks (the 0.5B's width, Q4_K zero-padded by the requantiser): the last
+    record keeps its first two pairs of sub-blocks (1344 of 2368 bytes), and its sums are
+    those of the whole record bit for bit, whatever lies past the width (it meets zero
+    activations), for every row count, on vectors and tiles; a width past the half is whole."""
+    rows = torch.from_numpy(random_blocks(Q.Q4_K, 40, 1024, seed=12))
+    whole = torch.ops.draftsman.kquant_pack_records(rows, int(Q.Q4_K))
+    half = torch.ops.draftsman.kquant_pack_records(rows, int(Q.Q4_K), 896)
+    assert whole.shape[1] == 4 * 2368 and half.shape[1] == 3 * 2368 + 1344
+    assert torch.equal(half[:, :3 * 2368 + 1344], whole[:, :3 * 2368 + 1344])
+    x = torch.randn(37, 896)
+    for m in (1, 3, 5, 8, 9, 16, 17, 37):
+        xm = x[:m].contiguous()
+        got = torch.ops.draftsman.kquant_records_mm(xm, half, int(Q.Q4_K), 40, tiles)
+        assert torch.equal(got, torch.ops.draftsman.kquant_records_mm(xm, whole, int(Q.Q4_K), 40,
+                                                                       tiles)), m
+    assert torch.ops.draftsman.kquant_pack_records(rows, int(Q.Q4_K), 897).shape == whole.shape
+    with pytest.raises(RuntimeError, match="rows of width 900"):
+        torch.ops.draftsman.kquant_records_mm(torch.randn(2, 900), half, int(Q.Q4_K), 40, tiles)
+    with pytest.raises(RuntimeError, match="width 700 does not end in the last of 4 blocks"):
+        torch.ops.draftsman.kquant_pack_records(rows, int(Q.Q4_K), 700)
+
+
 @pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")
 @pytest.mark.parametrize("qtype", TYPES)
 def test_vector_passes_and_tiles_give_the_same_bits(qtype):

@@ -75,6 +75,28 @@ def test_q8_0_records_compute_the_ggufs_weights(k):
 
 
 @records
+def test_8_bit_records_of_a_half_block_width_are_half_and_give_the_same_bits():
+    """896 = 3.5 records: Q8_0 blocks and int8 rows pack a half last record (blocks 0-3 of
+    the 8: 2304 of 4352 and 2112 of 4160 bytes) whose sums are those of the same weights
+    padded to a whole record, bit for bit, for every row count."""
+    rows = random_blocks(Q.Q8_0, 40, 1024, seed=13)
+    half = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows[:, :28 * 34].copy()),
+                                                   int(Q.Q8_0))
+    whole = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(Q.Q8_0))
+    assert half.shape[1] == 3 * 4352 + 2304 and whole.shape[1] == 4 * 4352
+    w = torch.randn(40, 896)
+    i8_half, i8_whole = (Int8RecordsMatrix(v).packed
+                         for v in (w, torch.cat([w, w.new_zeros(40, 128)], dim=1)))
+    assert i8_half.shape[1] == 3 * 4160 + 2112 and i8_whole.shape[1] == 4 * 4160
+    x = torch.randn(37, 896)
+    for m in (1, 2, 5, 8, 9, 16, 17, 37):
+        xm = x[:m].contiguous()
+        for a, b, qtype in ((half, whole, int(Q.Q8_0)), (i8_half, i8_whole, TYPE_I8_ROW)):
+            assert torch.equal(torch.ops.draftsman.kquant_records_mm(xm, a, qtype, 40, False),
+                               torch.ops.draftsman.kquant_records_mm(xm, b, qtype, 40, False))
+
+
+@records
 def test_q8_0_record_rows_are_the_same_alone_in_any_batch_and_thread_count():
     assert_batch_invariant(lambda x, rows, q: q8_mm(x, rows), Q.Q8_0,
                            (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=6)

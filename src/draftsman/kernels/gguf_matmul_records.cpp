@@ -102,9 +102,9 @@ template <typename Source, int PAIRS, int STEPS>
 struct UnpackedWeights {
   static constexpr int BYTES = 128 * PAIRS * STEPS;
   uint8_t* u;  // BYTES, 64-byte aligned
-  void unpack(const uint8_t* w) {
+  void unpack(const uint8_t* w, bool half) {  // a half record: its first half of the pairs
     const Source source{w};
-    for (int p = 0; p < PAIRS; ++p) {
+    for (int p = 0; p < (half ? PAIRS / 2 : PAIRS); ++p) {
       for (int r = 0; r < STEPS; ++r) {
         __m512i a, b;
         source(p, r, &a, &b);
@@ -129,14 +129,14 @@ using Q4kUnpacked = UnpackedWeights<Q4kRecord<Sum>, 4, 8>;
 // Each pair of sub-blocks is folded into isum as it completes (registers for 8 rows).
 // Row m's block is xb[m * row_step]; its int8 quants start at xq + m * xstride.
 // Weights: Q4kRecord (unpacked as they are used) or Q4kUnpacked (unpacked once per block for
-// several passes of rows).
-template <int R, typename Sum, typename Weights>
+// several passes of rows). PAIRS: 4, or HALF_PAIRS for a half record.
+template <int R, typename Sum, int PAIRS, typename Weights>
 inline void q4k_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride,
                               const typename Sum::Factor* sc, const __m512i* mins, __m512 d, __m512 dmin,
                               const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
   typename Sum::Vec isum[R];
   for (int m = 0; m < R; ++m) isum[m] = Sum::zero();
-  for (int p = 0; p < 4; ++p) {
+  for (int p = 0; p < PAIRS; ++p) {
     __m512i c[R][2];
     for (int m = 0; m < R; ++m) c[m][0] = c[m][1] = _mm512_setzero_si512();
     for (int r = 0; r < 8; ++r) {
@@ -192,7 +192,8 @@ inline void block_two_sums(const uint8_t* xq, int64_t xstride, const uint8_t (*b
 // (more than 16: padded with zero rows to whole tiles of 16): acc[m * 16 + c] += row m's
 // products for m < rows, c < 16. Each block is unpacked once and every tile of rows passes
 // it (a prompt's many tiles share the unpacking as the rows of one tile do).
-// Row m's block b is x[m * row_step + b * block_step].
+// Row m's block b is x[m * row_step + b * block_step]; `half`: the last record is half
+// (its pairs 2 and 3 are zero weights, taken as such by the tiles).
 //
 // Each 6-bit sub-block scale is split as sc = 8 hi + lo (hi, lo < 8), and the weights are
 // multiplied by them as they are unpacked (hi q, lo q <= 105: still bytes), so that two
@@ -200,14 +201,15 @@ inline void block_two_sums(const uint8_t* xq, int64_t xstride, const uint8_t (*b
 // isum = 8 C_hi + C_lo = sum_j sc_j C_j exactly. Per block, a row then pays one shift
 // and one add instead of a multiply per sub-block, and two tiles are stored instead of
 // eight; the scale work moves to the unpacking, which every row of the tile shares.
-void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-                     int rows, float* acc) {
+void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+                     int64_t block_step, int rows, float* acc) {
   alignas(64) uint8_t bhi[4][16 * 64], blo[4][16 * 64];  // tiles: hi q, lo q per pair
   alignas(64) int32_t cbuf[2][TILE_ROWS * COLS];   // tiles: C_hi, C_lo
   const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
   const __m512i low4 = _mm512_set1_epi8(15), low3 = _mm512_set1_epi32(7);
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  for (int64_t b = 0; b < nb; ++b, w += RECORD) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const int pairs = half && b == nb - 1 ? HALF_PAIRS : 4;
     RecordPrefetch ahead(w, RECORD);
     const Q4kScales<IntSum> s(w);
     const __m512i* sc = s.sc;
@@ -220,6 +222,11 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
       flo[j] = _mm512_or_si512(l, _mm512_slli_epi32(l, 16));
     }
     for (int p = 0; p < 4; ++p) {
+      if (p >= pairs) {  // past a half record: zero weights
+        std::memset(bhi[p], 0, sizeof(bhi[p]));
+        std::memset(blo[p], 0, sizeof(blo[p]));
+        continue;
+      }
       for (int r = 0; r < 8; ++r) {
         if (r % 2 == 0) ahead.line();
         const __m512i v = _mm512_loadu_si512(w + OFF_Q + 512 * p + 64 * r);
@@ -246,6 +253,7 @@ void q4k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row
       }
     }
     ahead.rest();
+    w += pairs == 4 ? RECORD : half_record_bytes(TYPE_Q4_K);
   }
 }
 
@@ -351,8 +359,8 @@ inline void q6k_split_products(__m512i q, __m512i scw, __m512i* hb, __m512i* lb)
 // One group of 16 Q6_K weight rows against more rows, on tiles, as q4k_group_tiles: each
 // block's scaled weights are split once (q6k_split_products) and every tile of rows passes
 // them, two tile sums per block.
-void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-                     int rows, float* acc) {
+void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, bool /*half: never*/, int64_t row_step,
+                     int64_t block_step, int rows, float* acc) {
   alignas(64) uint8_t bh[4][16 * 64], bl[4][16 * 64];  // tiles: H, L per 64 k
   alignas(64) int32_t cbuf[2][TILE_ROWS * COLS];      // tiles: C_H, C_L
   const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
@@ -407,7 +415,7 @@ inline const uint8_t* quants(const Q8Block* xb) {
 
 template <typename Sum>
 struct Q4kPath {
-  static constexpr int BYTES = RECORD;
+  static constexpr int BYTES = RECORD, HALF_BYTES = half_record_bytes(TYPE_Q4_K);
   // rows in registers at once: 8 (16 sums + 8 totals + 2 weight vectors of 32 zmm). From
   // memory, one 8960 x 1536 matrix at 6 / 8 rows 0.46 / 0.48 -> 0.38 / 0.43 ms against
   // passes of at most 5 (float sums)
@@ -415,10 +423,10 @@ struct Q4kPath {
   using Scales = Q4kScales<Sum>;
   using Record = Q4kRecord<Sum>;
   using Unpacked = Q4kUnpacked<Sum>;
-  template <int R, typename Weights>
+  template <int R, int PAIRS, typename Weights>
   static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
                     int64_t row_step, float* acc, RecordPrefetch& ahead) {
-    q4k_block_vectors<R, Sum>(weights, quants(xb), xstride, s.sc, s.mins, s.d, s.dmin, xb, row_step, acc, ahead);
+    q4k_block_vectors<R, Sum, PAIRS>(weights, quants(xb), xstride, s.sc, s.mins, s.d, s.dmin, xb, row_step, acc, ahead);
   }
 #if DRAFTSMAN_AMX
   static constexpr auto tiles = q4k_group_tiles;
@@ -427,7 +435,7 @@ struct Q4kPath {
 
 template <typename Sum>
 struct Q6kPath {
-  static constexpr int BYTES = Q6_RECORD;
+  static constexpr int BYTES = Q6_RECORD, HALF_BYTES = 0;  // no half records
   // 5: 8 rows as two passes of 4 over weights unpacked once beat one pass of 8 unpacking in
   // registers (q6k_unpack's ~10 operations a vector): 583 vs 773 cycles a record from L2; at
   // 16 rows 4 passes of 4 and 2 of 8 are level (1013 / 1023)
@@ -435,9 +443,10 @@ struct Q6kPath {
   using Scales = Q6kScales<Sum>;
   using Record = Q6kRecord;
   using Unpacked = Q6kUnpacked;
-  template <int R, typename Weights>
+  template <int R, int PAIRS, typename Weights>
   static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
                     int64_t row_step, float* acc, RecordPrefetch& ahead) {
+    static_assert(PAIRS == 4, "Q6_K records are never half");
     q6k_block_vectors<R, Sum>(weights, quants(xb), xstride, s.sc, s.d, xb, row_step, acc, ahead);
   }
 #if DRAFTSMAN_AMX
@@ -451,64 +460,83 @@ struct Q6kPath {
 // record in L1, which has nothing to unpack.
 template <typename S>
 struct BytePath {
-  static constexpr int BYTES = S::RECORD_BYTES;
+  static constexpr int BYTES = record_bytes(S::QTYPE), HALF_BYTES = half_record_bytes(S::QTYPE);
   static constexpr int PASS_ROWS = 8;
   using Scales = S;
   using Record = ByteRecord<S::WEIGHTS>;
   using Unpacked = ByteUnpacked<S::WEIGHTS>;
-  template <int R, typename Weights>
+  template <int R, int PAIRS, typename Weights>
   static void block(const Weights& weights, const Scales& s, const Q8Block* xb, int64_t xstride,
                     int64_t row_step, float* acc, RecordPrefetch& ahead) {
-    byte_block_vectors<R>(weights, quants(xb), xstride, s, xb, row_step, acc, ahead);  // by S
+    byte_block_vectors<R, PAIRS>(weights, quants(xb), xstride, s, xb, row_step, acc, ahead);  // by S
   }
 };
+
+// P's block step for record b of a group of nb (`half`: the last is a half record, P::HALF_BYTES
+// long), prefetching ahead of it; returns the record's bytes. f(PAIRS) runs the step.
+template <typename P, typename F>
+inline int64_t record_step(const uint8_t* w, int64_t b, int64_t nb, bool half, F&& f) {
+  RecordPrefetch ahead(w, P::BYTES);  // a whole record's lines: the stream is contiguous
+  if constexpr (P::HALF_BYTES > 0) {
+    if (half && b == nb - 1) {
+      f(std::integral_constant<int, HALF_PAIRS>{}, ahead);
+      ahead.rest();
+      return P::HALF_BYTES;
+    }
+  }
+  f(std::integral_constant<int, 4>{}, ahead);
+  ahead.rest();
+  return P::BYTES;
+}
 
 // One group of 16 weight rows against R <= P::PASS_ROWS activation rows on vectors, the
 // weights unpacked in registers as they are used: one function per R, so that each gets its
 // own registers. Row m's block b is x[m * row_step + b * block_step].
 template <typename P, int R>
-void group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-                   float* acc) {
+void group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+                   int64_t block_step, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  for (int64_t b = 0; b < nb; ++b, w += P::BYTES) {
-    RecordPrefetch ahead(w, P::BYTES);
-    const typename P::Scales s(w);
-    P::template block<R>(typename P::Record{w}, s, x + b * block_step, xstride, row_step, acc, ahead);
-    ahead.rest();
+  for (int64_t b = 0; b < nb; ++b) {
+    w += record_step<P>(w, b, nb, half, [&](auto pairs, RecordPrefetch& ahead) {
+      const typename P::Scales s(w);
+      P::template block<R, decltype(pairs)::value>(typename P::Record{w}, s, x + b * block_step, xstride,
+                                                   row_step, acc, ahead);
+    });
   }
 }
 
 // The same against any number of rows, in passes of vector_pass_rows(rows) per block over its
 // weights unpacked once into L1.
 template <typename P>
-void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-                  int rows, float* acc) {
+void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+                  int64_t block_step, int rows, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows, P::PASS_ROWS);
   alignas(64) uint8_t bytes[P::Unpacked::BYTES];
   typename P::Unpacked unpacked{bytes};
-  for (int64_t b = 0; b < nb; ++b, w += P::BYTES) {
-    RecordPrefetch ahead(w, P::BYTES);
-    const typename P::Scales s(w);
-    unpacked.unpack(w);
-    for (int m0 = 0; m0 < rows; m0 += pass) {
-      const Q8Block* xb = x + b * block_step + m0 * row_step;
-      with_vector_rows<P::PASS_ROWS>(std::min(pass, rows - m0), [&](auto r) {
-        P::template block<decltype(r)::value>(unpacked, s, xb, xstride, row_step, acc + COLS * m0, ahead);
-      });
-    }
-    ahead.rest();
+  for (int64_t b = 0; b < nb; ++b) {
+    w += record_step<P>(w, b, nb, half, [&](auto pairs, RecordPrefetch& ahead) {
+      constexpr int PAIRS = decltype(pairs)::value;
+      const typename P::Scales s(w);
+      unpacked.unpack(w, PAIRS != 4);
+      for (int m0 = 0; m0 < rows; m0 += pass) {
+        const Q8Block* xb = x + b * block_step + m0 * row_step;
+        with_vector_rows<P::PASS_ROWS>(std::min(pass, rows - m0), [&](auto r) {
+          P::template block<decltype(r)::value, PAIRS>(unpacked, s, xb, xstride, row_step, acc + COLS * m0, ahead);
+        });
+      }
+    });
   }
 }
 
 // One group of 16 weight rows against `rows` activation rows on vectors, in one pass or
 // several.
 template <typename P>
-void group_on_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step,
-                      int rows, float* acc) {
-  if (rows > P::PASS_ROWS) return group_passes<P>(w, x, nb, row_step, block_step, rows, acc);
+void group_on_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+                      int64_t block_step, int rows, float* acc) {
+  if (rows > P::PASS_ROWS) return group_passes<P>(w, x, nb, half, row_step, block_step, rows, acc);
   with_vector_rows<P::PASS_ROWS>(rows, [&](auto r) {
-    group_vectors<P, decltype(r)::value>(w, x, nb, row_step, block_step, acc);
+    group_vectors<P, decltype(r)::value>(w, x, nb, half, row_step, block_step, acc);
   });
 }
 
@@ -516,16 +544,16 @@ void group_on_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t ro
 // fewer rows' vectors add up in int32 as the tiles do (IntSum), so that a row's bits do not
 // depend on how many rows share the call; without tiles, in float (FloatSum, fewer uops).
 template <template <typename> class P>
-void group(const uint8_t* w, const Q8Block* x, int64_t nb, int64_t row_step, int64_t block_step, int rows,
-           bool use_tiles, float* acc) {
+void group(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step, int64_t block_step,
+           int rows, bool use_tiles, float* acc) {
 #if DRAFTSMAN_AMX
   if (use_tiles) {
-    if (rows >= MIN_TILE_ROWS) return P<IntSum>::tiles(w, x, nb, row_step, block_step, rows, acc);
-    return group_on_vectors<P<IntSum>>(w, x, nb, row_step, block_step, rows, acc);
+    if (rows >= MIN_TILE_ROWS) return P<IntSum>::tiles(w, x, nb, half, row_step, block_step, rows, acc);
+    return group_on_vectors<P<IntSum>>(w, x, nb, half, row_step, block_step, rows, acc);
   }
 #endif
   (void)use_tiles;
-  group_on_vectors<P<FloatSum>>(w, x, nb, row_step, block_step, rows, acc);
+  group_on_vectors<P<FloatSum>>(w, x, nb, half, row_step, block_step, rows, acc);
 }
 #endif
 
@@ -553,10 +581,13 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
               "kquant_records_mm: packed must come from kquant_pack_records");
   const int64_t m = x.size(0), k = x.size(1), groups = packed.size(0);
-  // K from the weights: x may be narrower than their 256-multiple width (zero-padded weights)
-  const int rec_bytes = record_bytes(qtype);
-  const int64_t nb = packed.size(1) / rec_bytes;
-  TORCH_CHECK(packed.size(1) == nb * rec_bytes && k <= nb * QK && k > (nb - 1) * QK &&
+  // K from the weights: x may be narrower than their 256-multiple width (zero-padded weights);
+  // a group that is not whole records ends in a half record (kquant_records.h)
+  const int rec_bytes = record_bytes(qtype), half_bytes = half_record_bytes(qtype);
+  const bool half = packed.size(1) % rec_bytes != 0;
+  const int64_t nb = packed.size(1) / rec_bytes + (half ? 1 : 0);
+  TORCH_CHECK(packed.size(1) == (nb - 1) * rec_bytes + (half ? half_bytes : rec_bytes) &&
+                  k <= (nb - 1) * QK + (half ? HALF_K : QK) && k > (nb - 1) * QK &&
                   n > (groups - 1) * COLS && n <= groups * COLS,
               "kquant_records_mm: packed holds ", groups, " groups of ", packed.size(1),
               " bytes, not ", n, " rows of width ", k);
@@ -594,16 +625,16 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
     float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
     for (int64_t g = begin; g < end; ++g) {
       const int cols = static_cast<int>(std::min<int64_t>(COLS, n - g * COLS));
-      const uint8_t* wg = wp + g * nb * rec_bytes;
+      const uint8_t* wg = wp + g * packed.size(1);
       std::fill(acc, acc + tiled * COLS, 0.f);
       if (qtype == TYPE_Q4_K) {
-        group<Q4kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), use_tiles, acc);
+        group<Q4kPath>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), use_tiles, acc);
       } else if (qtype == TYPE_Q8_0) {
-        group_on_vectors<BytePath<Q8Scales>>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
+        group_on_vectors<BytePath<Q8Scales>>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), acc);
       } else if (qtype == TYPE_I8_ROW) {
-        group_on_vectors<BytePath<I8Scales>>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), acc);
+        group_on_vectors<BytePath<I8Scales>>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), acc);
       } else {
-        group<Q6kPath>(wg, xdata, nb, row_step, block_step, static_cast<int>(m), use_tiles, acc);
+        group<Q6kPath>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), use_tiles, acc);
       }
       const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
       for (int64_t r = 0; r < m; ++r) {

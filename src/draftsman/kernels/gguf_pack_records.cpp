@@ -1,4 +1,5 @@
-// Repacks K-quant (and Q8_0) weight rows into AMX records (kquant_records.h), once at load.
+// Repacks K-quant (and Q8_0) weight rows, and int8 rows, into records (kquant_records.h), once
+// at load.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -100,7 +102,32 @@ at::Tensor zeros_on_huge_pages(int64_t rows, int64_t cols) {
   return at::from_blob(p, {rows, cols}, [](void* q) { std::free(q); }, at::TensorOptions().dtype(at::kByte));
 }
 
-at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
+// The bytes of one group of records: nb records, the last one half where the width ends
+// within HALF_K of its start (kquant_records.h).
+inline int64_t group_bytes(int64_t qtype, int64_t k, int64_t nb) {
+  const bool half = half_record_bytes(qtype) > 0 && k - (nb - 1) * QK <= HALF_K;
+  return (nb - 1) * record_bytes(qtype) + (half ? half_record_bytes(qtype) : record_bytes(qtype));
+}
+
+// Record b of a group is written by `fill(rec)` into zeroed `rec_bytes`; a half last record
+// keeps its first bytes only (the header and the first half of the weights come first).
+template <typename F>
+void write_records(uint8_t* group, int64_t nb, int rec_bytes, int64_t bytes, F&& fill) {
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* rec = group + b * rec_bytes;
+    const int64_t keep = std::min<int64_t>(rec_bytes, bytes - b * rec_bytes);
+    if (keep == rec_bytes) {
+      fill(b, rec);
+    } else {
+      std::vector<uint8_t> whole(static_cast<size_t>(rec_bytes), 0);
+      fill(b, whole.data());
+      std::memcpy(rec, whole.data(), static_cast<size_t>(keep));
+    }
+  }
+}
+
+// k: the matrix's width (-1: all its blocks'); k - its blocks' width is zero padding
+at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype, int64_t k) {
   TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0,
               "kquant_pack_records: qtype must be Q4_K, Q6_K or Q8_0");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
@@ -111,16 +138,20 @@ at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
   // Q8_0: 8 blocks of 32 a record, the last record's missing blocks zero (d = 0)
   const int per_record = qtype == TYPE_Q8_0 ? QK / 32 : 1;
   const int64_t blocks = w.size(1) / block, nb = (blocks + per_record - 1) / per_record;
+  const int64_t width = blocks * (QK / per_record);
+  if (k < 0) k = width;
+  TORCH_CHECK(k <= width && k > width - QK / per_record, "kquant_pack_records: width ", k,
+              " does not end in the last of ", blocks, " blocks");
   const int64_t n = w.size(0), groups = (n + COLS - 1) / COLS;
   const int rec_bytes = record_bytes(qtype);
+  const int64_t bytes = group_bytes(qtype, k, nb);
   // padded columns stay zero: d = dmin = 0, so they compute 0 and are never written out
-  at::Tensor out = zeros_on_huge_pages(groups, nb * rec_bytes);
+  at::Tensor out = zeros_on_huge_pages(groups, bytes);
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* rec = dst + (g * nb + b) * rec_bytes;
+      write_records(dst + g * bytes, nb, rec_bytes, bytes, [&](int64_t b, uint8_t* rec) {
         for (int c = 0; c < COLS && g * COLS + c < n; ++c) {
           const uint8_t* blk = src + (g * COLS + c) * w.size(1) + b * per_record * block;
           if (qtype == TYPE_Q4_K) {
@@ -131,14 +162,14 @@ at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype) {
             pack_q8_0(blk, static_cast<int>(std::min<int64_t>(per_record, blocks - b * per_record)), c, rec);
           }
         }
-      }
+      });
     }
   });
   return out;
 }
 
 // int8 rows q [N, K] with one float32 scale each as records of 16 rows (kquant_records.h),
-// K padded to whole records with q = 0.
+// K padded to whole records with q = 0 (a half last record where K ends within its first 128).
 at::Tensor int8_pack_records(const at::Tensor& q, const at::Tensor& scale) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(),
               "int8_pack_records: q must be a contiguous int8 [N, K] tensor");
@@ -146,14 +177,14 @@ at::Tensor int8_pack_records(const at::Tensor& q, const at::Tensor& scale) {
                   scale.is_contiguous(),
               "int8_pack_records: scale must be a contiguous float32 [N] tensor");
   const int64_t n = q.size(0), k = q.size(1), nb = (k + QK - 1) / QK, groups = (n + COLS - 1) / COLS;
-  at::Tensor out = zeros_on_huge_pages(groups, nb * I8_RECORD);
+  const int64_t bytes = group_bytes(TYPE_I8_ROW, k, nb);
+  at::Tensor out = zeros_on_huge_pages(groups, bytes);
   const int8_t* src = q.data_ptr<int8_t>();
   const float* d = scale.data_ptr<float>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* rec = dst + (g * nb + b) * I8_RECORD;
+      write_records(dst + g * bytes, nb, I8_RECORD, bytes, [&](int64_t b, uint8_t* rec) {
         for (int c = 0; c < COLS && g * COLS + c < n; ++c) {
           const int8_t* row = src + (g * COLS + c) * k;
           std::memcpy(rec + I8_OFF_D + 4 * c, d + g * COLS + c, 4);
@@ -162,7 +193,7 @@ at::Tensor int8_pack_records(const at::Tensor& q, const at::Tensor& scale) {
             rec[I8_OFF_Q + byte_index(e, c)] = offset_byte(at < k ? row[at] : 0);
           }
         }
-      }
+      });
     }
   });
   return out;
@@ -171,7 +202,7 @@ at::Tensor int8_pack_records(const at::Tensor& q, const at::Tensor& scale) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
-  m.def("kquant_pack_records(Tensor w, int qtype) -> Tensor");
+  m.def("kquant_pack_records(Tensor w, int qtype, int k=-1) -> Tensor");
   m.def("int8_pack_records(Tensor q, Tensor scale) -> Tensor");
 }
 

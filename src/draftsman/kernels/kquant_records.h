@@ -51,8 +51,21 @@ constexpr int64_t TYPE_I8_ROW = 1000;  // not a GGML type: int8 rows with one sc
 constexpr int I8_OFF_D = 0, I8_OFF_Q = 64;
 constexpr int I8_RECORD = 4160;
 
-inline int record_bytes(int64_t qtype) {
+constexpr int record_bytes(int64_t qtype) {
   return qtype == TYPE_Q4_K ? RECORD : qtype == TYPE_Q6_K ? Q6_RECORD : qtype == TYPE_Q8_0 ? Q8_RECORD : I8_RECORD;
+}
+
+// Half records. A width that ends 128 or fewer k into its last block (the 0.5B's 896 = 3.5
+// blocks) keeps only that record's first half of weights: pairs 0 and 1 of Q4_K's sub-blocks,
+// blocks 0-3 of the 8-bit records, which the layouts above put first (the header stays
+// whole). The missing k would multiply zero activations, so the sums are bit for bit those
+// of the whole record; a group's last record is then this many bytes instead of
+// record_bytes, and ~12.5% of such a matrix is neither streamed nor multiplied. Q6_K has
+// none (0: never half).
+constexpr int HALF_K = 128;
+constexpr int HALF_PAIRS = 2;  // of 4 pairs of 32-k sub-blocks (or blocks) a record
+constexpr int half_record_bytes(int64_t qtype) {
+  return qtype == TYPE_Q4_K ? OFF_Q + 1024 : qtype == TYPE_Q6_K ? 0 : qtype == TYPE_Q8_0 ? Q8_OFF_Q + 2048 : I8_OFF_Q + 2048;
 }
 
 }  // namespace draftsman_amx

@@ -39,13 +39,14 @@ struct ByteUnpacked {
   static constexpr int BYTES = 64;
   uint8_t* unused;
   const uint8_t* w = nullptr;
-  void unpack(const uint8_t* record) { w = record; }
+  void unpack(const uint8_t* record, bool /*half*/) { w = record; }
   void operator()(int p, int r, __m512i* q0, __m512i* q1) const { ByteRecord<OFF>{w}(p, r, q0, q1); }
 };
 
 // A record's block scales as floats, [block j][16 columns].
 struct Q8Scales {
-  static constexpr int RECORD_BYTES = Q8_RECORD, WEIGHTS = Q8_OFF_Q;
+  static constexpr int64_t QTYPE = TYPE_Q8_0;
+  static constexpr int WEIGHTS = Q8_OFF_Q;
   __m512 d[8];
   explicit Q8Scales(const uint8_t* w) {
     for (int j = 0; j < 8; ++j) {
@@ -55,13 +56,14 @@ struct Q8Scales {
 };
 
 // One Q8_0 record against R rows in registers (row m's block at xb[m * row_step], its int8
-// quants at xq + m * xstride), each pair of blocks folded into isum as it completes.
-template <int R, typename Weights>
+// quants at xq + m * xstride), each pair of blocks folded into isum as it completes; PAIRS
+// pairs of blocks (4, or HALF_PAIRS for a half record).
+template <int R, int PAIRS, typename Weights>
 inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const Q8Scales& s,
                                const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
   __m512 isum[R];
   for (int m = 0; m < R; ++m) isum[m] = _mm512_setzero_ps();
-  for (int p = 0; p < 4; ++p) {
+  for (int p = 0; p < PAIRS; ++p) {
     __m512i c[R][2];  // C_j: the -128 psum_j offsets first
     for (int m = 0; m < R; ++m) {
       const Q8Block& x = xb[m * row_step];
@@ -88,14 +90,15 @@ inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_
 
 // A record's 16 column scales.
 struct I8Scales {
-  static constexpr int RECORD_BYTES = I8_RECORD, WEIGHTS = I8_OFF_Q;
+  static constexpr int64_t QTYPE = TYPE_I8_ROW;
+  static constexpr int WEIGHTS = I8_OFF_Q;
   __m512 d;
   explicit I8Scales(const uint8_t* w) : d(_mm512_loadu_ps(w + I8_OFF_D)) {}
 };
 
 // One int8-row record against R rows (up to 8: two accumulators each, the even and odd
-// sub-blocks, whose two chains keep the vpdpbusd units busy at few rows).
-template <int R, typename Weights>
+// sub-blocks, whose two chains keep the vpdpbusd units busy at few rows); PAIRS as above.
+template <int R, int PAIRS, typename Weights>
 inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const I8Scales& s,
                                const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
   __m512i c[R][2];
@@ -104,7 +107,7 @@ inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_
     c[m][0] = _mm512_set1_epi32(x.i8_offsets[0]);
     c[m][1] = _mm512_set1_epi32(x.i8_offsets[1]);
   }
-  for (int p = 0; p < 4; ++p) {
+  for (int p = 0; p < PAIRS; ++p) {
     for (int r = 0; r < 8; ++r) {
       ahead.line();  // 65 lines over 32 steps, the rest after the record
       ahead.line();

@@ -183,13 +183,16 @@ class KQuantRecordsMatrix(nn.Module):
     same integer sums as KQuantMatrix, each record read once for every activation row, 16
     columns a vpdpbusd (AVX-512 VNNI) and, where `tiles` (AMX; not Q8_0), 16 rows x 16
     columns x 64 k a tile multiply, so verifying many rows costs little more than one.
-    Batch invariant like every kernel here."""
+    Batch invariant like every kernel here. `width`: the matrix's own K where its blocks are
+    zero-padded past it (a width ending within 128 of a block's start packs a half last
+    record, kernels/kquant_records.h; None: the blocks' width)."""
 
-    def __init__(self, blocks: list[BlockTensor]) -> None:
+    def __init__(self, blocks: list[BlockTensor], width: int | None = None) -> None:
         super().__init__()
         rows = block_rows(blocks)
         self.qtype = blocks[0].qtype
-        self.register_buffer("packed", torch.ops.draftsman.kquant_pack_records(rows, self.qtype))
+        self.register_buffer("packed", torch.ops.draftsman.kquant_pack_records(
+            rows, self.qtype, -1 if width is None else width))
         self.out_features = rows.shape[0]
         self.tiles = kquant_amx() and self.qtype != Q8_0
 
@@ -217,14 +220,17 @@ def requantized_q4k(w: torch.Tensor) -> nn.Module:
     as they are and quantises them as if zero-padded (no pad op per call)."""
     rows = torch.ops.draftsman.quantize_q4k(w.float().contiguous())
     width = -(-w.shape[1] // KQUANT_WIDTH) * KQUANT_WIDTH
-    return kquant_matrix([BlockTensor("requantised", _Q4_K, (w.shape[0], width), rows.numpy())])
+    return kquant_matrix([BlockTensor("requantised", _Q4_K, (w.shape[0], width), rows.numpy())],
+                         width=w.shape[1])
 
 
-def kquant_matrix(blocks: list[BlockTensor]) -> nn.Module:
+def kquant_matrix(blocks: list[BlockTensor], width: int | None = None) -> nn.Module:
     """K-quant blocks repacked into records where this CPU has AVX-512 VNNI
     (native.kquant_records; AMX tiles too where native.kquant_amx), else as the GGUF stores
-    them on the per-row paths (AVX2, scalar)."""
-    return KQuantRecordsMatrix(blocks) if kquant_records() else KQuantMatrix(blocks)
+    them on the per-row paths (AVX2, scalar). `width`: as KQuantRecordsMatrix's."""
+    if kquant_records():
+        return KQuantRecordsMatrix(blocks, width)
+    return KQuantMatrix(blocks)
 
 
 class Int4Matrix(nn.Module):
