@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,9 @@ from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.protocol import Capabilities
 from draftsman.models.ragged import RaggedCaches
+
+if TYPE_CHECKING:
+    from draftsman.models.fused_cpu_step import FusedCpuStep
 
 ALL = slice(None)
 LAST = slice(-1, None)
@@ -202,6 +206,7 @@ class DecoderLM(nn.Module):
     norm: nn.Module
     lm_head: nn.Linear
     fused_cpu_ops = False  # set by use_fused_cpu_ops, with every module that declares it
+    _fused_cpu_step: FusedCpuStep | None = None  # a family's flat plan (fused_step), built lazily
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -226,6 +231,18 @@ class DecoderLM(nn.Module):
                             hidden_states=True, exact_tree_keep=True, max_tree_rows=None,
                             device=self.device.type, numerics=None, ragged_batches=True,
                             ragged_trees=True)
+
+    def fused_step(self, x: torch.Tensor, context: object, cache: KVCache,
+                   rows: int) -> FusedCpuStep | None:
+        """The flat plan that runs this forward's layers on the fused CPU ops
+        (models/fused_cpu_step.py), or None: the module tree runs them. A family whose blocks
+        take such a plan overrides this."""
+        return None
+
+    def __getstate__(self) -> dict:
+        state = dict(super().__getstate__())  # a copy: the live model keeps its plan
+        state.pop("_fused_cpu_step", None)  # closures over this process's tensors: rebuilt
+        return state
 
     def __setstate__(self, state: dict) -> None:
         # unpickled in another process (the pipelined workers): load the fused ops there too
@@ -307,9 +324,13 @@ class DecoderLM(nn.Module):
             additive=uses_matmul_attention(length, x.device),
         )
         ctx = self.layer_context(positions)
+        step = self.fused_step(x, ctx, cache, length)
         with growing_attention(device):
-            for i in layers:
-                x = self.layers[i](x, ctx, cache, i, start, attn_mask)
+            if step is not None:
+                x = step.run(x, ctx, cache, layers, start, attn_mask)
+            else:
+                for i in layers:
+                    x = self.layers[i](x, ctx, cache, i, start, attn_mask)
         cache.set_length(start + length)
         logits = None
         if layers.stop == n_layers and logits_at is not None:

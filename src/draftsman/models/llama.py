@@ -14,6 +14,7 @@ from torch import nn
 from draftsman.models.base import DecoderLM, Linear, cached_attention, uses_matmul_attention
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
+from draftsman.models.fused_cpu_step import FusedCpuStep
 from draftsman.models.ragged import RaggedCaches
 from draftsman.models.rope import RotaryTable, apply_rotary
 
@@ -132,6 +133,19 @@ class LlamaModel(DecoderLM):
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(tokens)
+
+    def fused_step(self, x: torch.Tensor, context: object, cache: KVCache,
+                   rows: int) -> FusedCpuStep | None:
+        """Where every block would take its fused CPU path (Attention.attend's condition),
+        the flat plan of them, built once and again whenever a block's weights change."""
+        cos, _ = context
+        if not (self.fused_cpu_ops and x.is_cpu and not self.config.qk_norm
+                and isinstance(cache, KVCache) and cos.shape[0] == x.shape[0]
+                and uses_matmul_attention(rows, x.device)):
+            return None
+        if self._fused_cpu_step is None or not self._fused_cpu_step.matches(self.layers):
+            self._fused_cpu_step = FusedCpuStep(self.layers, self.dtype)
+        return self._fused_cpu_step
 
     def layer_context(self, positions: torch.Tensor):
         if (self._rope is None or self._rope.cos.dtype != self.dtype

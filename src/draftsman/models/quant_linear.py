@@ -40,7 +40,7 @@ stay in the activation dtype; the LM head (tied to the embeddings or not) is qua
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,11 +202,14 @@ class KQuantRecordsMatrix(nn.Module):
             raise UnsupportedError("this process cannot run the K-quant records "
                                    f"({'AMX tiles' if self.tiles else 'AVX-512 VNNI'} off)")
 
+    def record_operands(self) -> tuple[torch.Tensor, int, int, bool]:
+        """(packed, qtype, n, tiles): `kquant_records_mm`'s operands after x."""
+        return self.packed, self.qtype, self.out_features, self.tiles
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in (torch.float32, torch.bfloat16):
             return self(x.float()).to(x.dtype)
-        return torch.ops.draftsman.kquant_records_mm(x, self.packed, self.qtype,
-                                                     self.out_features, self.tiles)
+        return torch.ops.draftsman.kquant_records_mm(x, *self.record_operands())
 
     def forward_into(self, x: torch.Tensor, out: torch.Tensor, col: int) -> None:
         """out[:, col:col + out_features] = forward(x) in place (x [M, K], out in its dtype)."""
@@ -289,6 +292,21 @@ class QuantLinear(nn.Module):
         in_features rows through the kernels: slow, for code that inspects weights)."""
         eye = torch.eye(self.in_features, dtype=self.dtype)
         return torch.cat([p(eye) for p in self.parts], dim=-1).T.contiguous()
+
+    def rows_product(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """x [M, K] contiguous in `dtype` -> forward(x) as one direct kernel call (and the
+        bias), the same bits without forward's shape and dtype handling; None where the parts
+        are not one records matrix (K-quant or int8) in `dtype` (fused_cpu_step calls forward
+        then)."""
+        operands = getattr(self.parts[0], "record_operands", None)
+        if (dtype != self.dtype or dtype not in (torch.float32, torch.bfloat16)
+                or len(self.parts) != 1 or operands is None):
+            return None
+        bias, op = self.bias, torch.ops.draftsman.kquant_records_mm
+        packed, qtype, n, tiles = operands()
+        if bias is None:
+            return lambda x: op(x, packed, qtype, n, tiles)
+        return lambda x: op(x, packed, qtype, n, tiles).add_(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -1,0 +1,97 @@
+"""A Llama-family step's layers on the fused CPU ops, called straight from a flat plan.
+
+On the fused CPU path (`DecoderLM.use_fused_cpu_ops`) a decoder block is ten kernel calls:
+RMSNorm, the QKV product, RoPE + cache write + attention, the output product, a residual add,
+RMSNorm, the gate/up product, silu * up, the down product, a residual add. Through the module
+tree each also pays `nn.Module.__call__`, attribute lookups and the reshapes that make any
+input shape work: on the 0.5B's one-row draft step (24 layers, ~20 ms) that bookkeeping was
+~3 ms, as long as all its attention. `FusedCpuStep` takes each block's weights out of the tree
+once and runs the same calls, in the same order on the same tensors, on the rows [B T, H]:
+the same bits as the modules (tests/test_fused_cpu_step.py), a fraction of the Python.
+
+Invariant: a plan holds the modules it was built from; `matches` says whether the model still
+has exactly those (a replaced Linear or norm makes the model build a new plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from draftsman.models.cache import KVCache
+
+Rows = Callable[[torch.Tensor], torch.Tensor]
+
+
+def rows_product(linear: nn.Module, dtype: torch.dtype) -> Rows:
+    """x [M, K] contiguous in `dtype` -> linear(x) [M, N], the module's own product without
+    its shape handling: a QuantLinear's direct kernel call where it has one."""
+    direct = getattr(linear, "rows_product", None)
+    return (direct(dtype) if direct is not None else None) or linear.forward
+
+
+@dataclass(frozen=True)
+class BlockOps:
+    """One decoder block as the fused ops take it (llama.Block's pre-norm residual form)."""
+
+    norm1: torch.Tensor
+    eps1: float
+    qkv: Rows
+    o: Rows
+    norm2: torch.Tensor
+    eps2: float
+    gate_up: Rows
+    down: Rows
+    n_heads: int
+    n_kv: int
+
+
+class FusedCpuStep:
+    """The blocks of a Llama-family model (llama.Block: input_layernorm, self_attn with a
+    fused qkv_proj and no Q/K norm, post_attention_layernorm, SwiGLU mlp) as BlockOps."""
+
+    def __init__(self, blocks: nn.ModuleList, dtype: torch.dtype) -> None:
+        self.sources = [self._parts(b) for b in blocks]
+        self.blocks = [self._ops(b, dtype) for b in blocks]
+
+    @staticmethod
+    def _parts(block: nn.Module) -> tuple[object, ...]:
+        a, m = block.self_attn, block.mlp
+        return (block.input_layernorm.weight, a.qkv_proj, a.o_proj,
+                block.post_attention_layernorm.weight, m.gate_up_proj, m.down_proj)
+
+    @staticmethod
+    def _ops(block: nn.Module, dtype: torch.dtype) -> BlockOps:
+        a, m = block.self_attn, block.mlp
+        return BlockOps(
+            norm1=block.input_layernorm.weight, eps1=block.input_layernorm.eps,
+            qkv=rows_product(a.qkv_proj, dtype), o=rows_product(a.o_proj, dtype),
+            norm2=block.post_attention_layernorm.weight, eps2=block.post_attention_layernorm.eps,
+            gate_up=rows_product(m.gate_up_proj, dtype), down=rows_product(m.down_proj, dtype),
+            n_heads=a.n_heads, n_kv=a.n_kv)
+
+    def matches(self, blocks: nn.ModuleList) -> bool:
+        """Whether `blocks` still hold the very weights and products this plan was built on."""
+        return len(blocks) == len(self.sources) and all(
+            all(x is y for x, y in zip(self._parts(b), s, strict=True))
+            for b, s in zip(blocks, self.sources, strict=True))
+
+    def run(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
+            layers: range, start: int, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [B, T, H] through `layers`, as llama.Block's fused path computes it: the new rows'
+        k and v written at slots start..start+T, `bias` the additive attention mask."""
+        b, t, hidden = x.shape
+        cos, sin = rope
+        rows = x.reshape(b * t, hidden).contiguous()
+        norm, silu_mul = torch.ops.draftsman.rms_norm, torch.ops.draftsman.silu_mul
+        for i in layers:
+            op = self.blocks[i]
+            qkv = op.qkv(norm(rows, op.norm1, op.eps1))
+            att = cache.write_rotated_and_attend(i, start, qkv.view(b, t, -1), cos, sin, bias,
+                                                 op.n_heads, op.n_kv)
+            rows = rows + op.o(att.view(b * t, -1))
+            rows = rows + op.down(silu_mul(op.gate_up(norm(rows, op.norm2, op.eps2))))
+        return rows.view(b, t, hidden)

@@ -1,0 +1,111 @@
+"""The flat plan of a step's layers on the fused CPU ops (models/fused_cpu_step.py) computes
+what the module tree computes, bit for bit, and steps aside where the tree must run."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+from test_quant import gguf_model, make_blocks, quantised
+from tiny import tiny_pair
+
+from draftsman.kernels.native import kquant_available, kquant_records
+from draftsman.models.fused_cpu_step import FusedCpuStep
+from draftsman.models.quant_linear import quantize_model
+
+pytestmark = pytest.mark.skipif(not kquant_available(),
+                                reason="the fused CPU ops do not build here")
+
+
+def steps(model, use_plan: bool, monkeypatch) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Logits of a prefill past the short-attention rows, a decode row, a verify of 5 rows
+    under a tree mask and a layer range, and the cache they leave, with the plan or without."""
+    with monkeypatch.context() as m:
+        if not use_plan:
+            m.setattr(model, "fused_step", lambda *args: None)
+        cache = model.new_cache(64)
+        out = []
+        ids = torch.arange(3, 23)[None] % model.config.vocab_size
+        out.append(model(ids, torch.arange(20)[None], cache).logits)  # 20 rows: SDPA, no plan
+        out.append(model(torch.tensor([[7]]), torch.tensor([[20]]), cache).logits)
+        tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
+                             [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool)
+        out.append(model(torch.tensor([[4, 9, 11, 2, 30]]), torch.tensor([[21, 22, 22, 23, 23]]),
+                         cache, mask=tree).logits)
+        half = model(torch.tensor([[5, 6]]), torch.tensor([[26, 27]]), cache,
+                     layers=range(0, 1), logits_at=None).hidden
+        out.append(model(None, torch.tensor([[26, 27]]), cache, layers=range(1, len(model.layers)),
+                         hidden_from=half, start=26).logits)
+        return out, torch.cat([cache.k.flatten(), cache.v.flatten()])
+
+
+def assert_plan_matches_the_tree(model, monkeypatch) -> None:
+    got, got_cache = steps(model, True, monkeypatch)
+    assert isinstance(model._fused_cpu_step, FusedCpuStep)
+    want, want_cache = steps(model, False, monkeypatch)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert torch.equal(got_cache, want_cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_the_plan_gives_the_module_trees_bits(kind, dtype, monkeypatch):
+    """A q4 model of mixed blocks (Q4_K/Q6_K records, int4 and Q8_0 parts: direct kernel
+    calls and QuantLinear.forward side by side) and a q8 model, in float32 and bfloat16."""
+    config, state, blocks = gguf_model("qwen2")
+    model = quantised(config, state, blocks, kind, dtype)
+    assert model.fused_cpu_ops
+    assert_plan_matches_the_tree(model, monkeypatch)
+    linears = [m for b in model.layers for m in (b.self_attn.qkv_proj, b.self_attn.o_proj,
+                                                  b.mlp.gate_up_proj, b.mlp.down_proj)]
+    direct = any(m.rows_product(dtype) is not None for m in linears)
+    assert direct == kquant_records()  # q8: int8 records, q4: K-quant records
+
+
+@pytest.mark.skipif(not kquant_records(), reason="no AVX-512 VNNI on this CPU: no K-quant records")
+def test_a_draft_of_half_records_takes_direct_calls_with_the_same_bits(monkeypatch):
+    """q4-draft requantises every matrix to Q4_K records, here 64 and 128 wide: half
+    records, each block's products one direct kernel call."""
+    hf, model = tiny_pair("qwen2")  # a QKV bias, added after the direct call
+    blocks = {name: make_blocks(name, w, Q.Q8_0) for name, w in hf.state_dict().items()
+              if w.dim() == 2}
+    model = quantize_model(model, "q4-draft", blocks)
+    assert all(m.rows_product(torch.float32) is not None
+               for b in model.layers for m in (b.self_attn.qkv_proj, b.mlp.down_proj))
+    assert model.layers[0].mlp.down_proj.parts[0].packed.shape[1] == 320 + 1024  # a half record
+    assert_plan_matches_the_tree(model, monkeypatch)
+
+
+def test_a_replaced_weight_rebuilds_the_plan_and_a_pickled_model_drops_it(monkeypatch):
+    _, model = tiny_pair("llama")
+    _, other = tiny_pair("llama", seed=1)
+    for m in (model, other):
+        quantize_model(m, "q8")
+    ids, pos = torch.tensor([[5, 9, 2]]), torch.arange(3)[None]
+    model(ids, pos, model.new_cache(8))
+    plan = model._fused_cpu_step
+    model.layers[1].mlp.down_proj = other.layers[1].mlp.down_proj
+    got = model(ids, pos, model.new_cache(8)).logits
+    assert model._fused_cpu_step is not plan
+    with monkeypatch.context() as m:
+        m.setattr(model, "fused_step", lambda *args: None)
+        assert torch.equal(got, model(ids, pos, model.new_cache(8)).logits)
+    copy = pickle.loads(pickle.dumps(model))
+    assert copy._fused_cpu_step is None
+    assert torch.equal(copy(ids, pos, copy.new_cache(8)).logits, got)
+
+
+def test_models_with_q_k_norms_keep_the_module_tree():
+    _, model = tiny_pair("qwen3")
+    quantize_model(model, "q8")
+    cache = model.new_cache(8)
+    x = model.embed(torch.tensor([[5]]), torch.tensor([[0]]))
+    assert model.fused_step(x, model.layer_context(torch.tensor([[0]])), cache, 1) is None
+    _, llama = tiny_pair("llama")
+    quantize_model(llama, "q8")
+    ctx = llama.layer_context(torch.tensor([[0]]))
+    assert isinstance(llama.fused_step(x, ctx, cache, 1), FusedCpuStep)
+    assert llama.fused_step(x, ctx, cache, 17) is None  # past the short-attention rows
