@@ -109,3 +109,4 @@ def test_models_with_q_k_norms_keep_the_module_tree():
     ctx = llama.layer_context(torch.tensor([[0]]))
     assert isinstance(llama.fused_step(x, ctx, cache, 1), FusedCpuStep)
     assert llama.fused_step(x, ctx, cache, 17) is None  # past the short-attention rows
+    assert llama.fused_step(x.bfloat16(), ctx, cache, 1) is None  # not the model's dtype

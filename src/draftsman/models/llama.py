@@ -139,9 +139,11 @@ class LlamaModel(DecoderLM):
         """Where every block would take its fused CPU path (Attention.attend's condition),
         the flat plan of them, built once and again whenever a block's weights change."""
         cos, _ = context
-        if not (self.fused_cpu_ops and x.is_cpu and not self.config.qk_norm
-                and isinstance(cache, KVCache) and cos.shape[0] == x.shape[0]
-                and uses_matmul_attention(rows, x.device)):
+        # x in another dtype: the tree's products convert it first, the plan's direct calls
+        # would not
+        if not (self.fused_cpu_ops and x.is_cpu and x.dtype == self.dtype
+                and not self.config.qk_norm and isinstance(cache, KVCache)
+                and cos.shape[0] == x.shape[0] and uses_matmul_attention(rows, x.device)):
             return None
         if self._fused_cpu_step is None or not self._fused_cpu_step.matches(self.layers):
             self._fused_cpu_step = FusedCpuStep(self.layers, self.dtype)
