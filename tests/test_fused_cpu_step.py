@@ -93,6 +93,8 @@ def test_a_replaced_weight_rebuilds_the_plan_and_a_pickled_model_drops_it(monkey
     with monkeypatch.context() as m:
         m.setattr(model, "fused_step", lambda *args: None)
         assert torch.equal(got, model(ids, pos, model.new_cache(8)).logits)
+    model.float()  # .to() and friends may replace tensors a plan holds: it is dropped
+    assert model._fused_cpu_step is None
     copy = pickle.loads(pickle.dumps(model))
     assert copy._fused_cpu_step is None
     assert torch.equal(copy(ids, pos, copy.new_cache(8)).logits, got)

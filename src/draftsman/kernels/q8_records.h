@@ -43,6 +43,21 @@ struct ByteUnpacked {
   void operator()(int p, int r, __m512i* q0, __m512i* q1) const { ByteRecord<OFF>{w}(p, r, q0, q1); }
 };
 
+// The products of one pair of blocks (2p, 2p + 1) for R rows: c[m][0] += row m's sums over
+// block 2p, c[m][1] over 2p + 1, two lines of the record ahead fetched a step (the record's
+// 65-68 lines over its 32 steps; the rest after it).
+template <int R, typename Weights>
+inline void byte_pair_products(const Weights& weights, int p, const uint8_t* xq, int64_t xstride,
+                               __m512i (*c)[2], RecordPrefetch& ahead) {
+  for (int r = 0; r < 8; ++r) {
+    ahead.line();
+    ahead.line();
+    __m512i q0, q1;
+    weights(p, r, &q0, &q1);
+    rows_dpbusd<R>(xq + 64 * p + 4 * r, xstride, 32, q0, q1, c);
+  }
+}
+
 // A record's block scales as floats, [block j][16 columns].
 struct Q8Scales {
   static constexpr int64_t QTYPE = TYPE_Q8_0;
@@ -70,13 +85,7 @@ inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_
       c[m][0] = _mm512_set1_epi32(x.q8_offsets[2 * p]);
       c[m][1] = _mm512_set1_epi32(x.q8_offsets[2 * p + 1]);
     }
-    for (int r = 0; r < 8; ++r) {
-      ahead.line();  // 68 lines over 32 steps, the rest after the record
-      ahead.line();
-      __m512i q0, q1;
-      weights(p, r, &q0, &q1);
-      rows_dpbusd<R>(xq + 64 * p + 4 * r, xstride, 32, q0, q1, c);
-    }
+    byte_pair_products<R>(weights, p, xq, xstride, c, ahead);
     for (int m = 0; m < R; ++m) {
       isum[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[m][0]), s.d[2 * p], isum[m]);
       isum[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[m][1]), s.d[2 * p + 1], isum[m]);
@@ -107,15 +116,7 @@ inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_
     c[m][0] = _mm512_set1_epi32(x.i8_offsets[0]);
     c[m][1] = _mm512_set1_epi32(x.i8_offsets[1]);
   }
-  for (int p = 0; p < PAIRS; ++p) {
-    for (int r = 0; r < 8; ++r) {
-      ahead.line();  // 65 lines over 32 steps, the rest after the record
-      ahead.line();
-      __m512i q0, q1;
-      weights(p, r, &q0, &q1);
-      rows_dpbusd<R>(xq + 64 * p + 4 * r, xstride, 32, q0, q1, c);
-    }
-  }
+  for (int p = 0; p < PAIRS; ++p) byte_pair_products<R>(weights, p, xq, xstride, c, ahead);
   for (int m = 0; m < R; ++m) {
     float* a = acc + COLS * m;
     const __m512 dd = _mm512_mul_ps(s.d, _mm512_set1_ps(xb[m * row_step].d));

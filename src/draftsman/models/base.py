@@ -239,6 +239,10 @@ class DecoderLM(nn.Module):
         take such a plan overrides this."""
         return None
 
+    def _apply(self, fn, recurse: bool = True):
+        self._fused_cpu_step = None  # .to() and friends replace tensors the plan holds
+        return super()._apply(fn, recurse)
+
     def __getstate__(self) -> dict:
         state = dict(super().__getstate__())  # a copy: the live model keeps its plan
         state.pop("_fused_cpu_step", None)  # closures over this process's tensors: rebuilt

@@ -213,8 +213,7 @@ class KQuantRecordsMatrix(nn.Module):
 
     def forward_into(self, x: torch.Tensor, out: torch.Tensor, col: int) -> None:
         """out[:, col:col + out_features] = forward(x) in place (x [M, K], out in its dtype)."""
-        torch.ops.draftsman.kquant_records_mm_out(x, self.packed, self.qtype, self.out_features,
-                                                  self.tiles, out, col)
+        torch.ops.draftsman.kquant_records_mm_out(x, *self.record_operands(), out, col)
 
 
 def requantized_q4k(w: torch.Tensor) -> nn.Module:
