@@ -227,6 +227,20 @@ def test_a_width_ending_in_a_half_block_packs_a_half_record_of_the_same_bits(til
         torch.ops.draftsman.kquant_pack_records(rows, int(Q.Q4_K), 700)
 
 
+@records
+@pytest.mark.parametrize("tiles", PATHS)
+def test_half_record_rows_are_the_same_alone_in_any_batch_and_thread_count(tiles):
+    """Width 384 = 1.5 records: a whole record and a half one per group, every row's bits
+    its own on 1 or 2 threads."""
+    half = torch.ops.draftsman.kquant_pack_records(
+        torch.from_numpy(random_blocks(Q.Q4_K, 48, 512, seed=14)), int(Q.Q4_K), 384)
+    assert half.shape[1] == 2368 + 1344
+    assert_batch_invariant(
+        lambda x, rows, q: torch.ops.draftsman.kquant_records_mm(x[:, :384].contiguous(), half,
+                                                                 int(q), 48, tiles),
+        Q.Q4_K, (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=14)
+
+
 @pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")
 @pytest.mark.parametrize("qtype", TYPES)
 def test_vector_passes_and_tiles_give_the_same_bits(qtype):

@@ -97,6 +97,20 @@ def test_8_bit_records_of_a_half_block_width_are_half_and_give_the_same_bits():
 
 
 @records
+def test_8_bit_half_record_rows_are_the_same_alone_in_any_batch_and_thread_count():
+    """Width 384 = 1.5 records (Q8_0 blocks and int8 rows): every row's bits its own."""
+    q8_half = torch.ops.draftsman.kquant_pack_records(
+        torch.from_numpy(random_blocks(Q.Q8_0, 48, 384, seed=15)), int(Q.Q8_0))
+    i8_half = Int8RecordsMatrix(torch.randn(48, 384)).packed
+    assert q8_half.shape[1] == 4352 + 2304 and i8_half.shape[1] == 4160 + 2112
+    for packed, qtype in ((q8_half, int(Q.Q8_0)), (i8_half, TYPE_I8_ROW)):
+        assert_batch_invariant(
+            lambda x, rows, q, packed=packed, qtype=qtype: torch.ops.draftsman.kquant_records_mm(
+                x[:, :384].contiguous(), packed, qtype, 48, False),
+            Q.Q8_0, (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=15)
+
+
+@records
 def test_q8_0_record_rows_are_the_same_alone_in_any_batch_and_thread_count():
     assert_batch_invariant(lambda x, rows, q: q8_mm(x, rows), Q.Q8_0,
                            (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=6)
