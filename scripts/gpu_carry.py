@@ -7,7 +7,9 @@ Writes (the folder is git-ignored; the device tool's `carry` takes it):
   base/wheels/       pure-Python wheels of our dependencies that machine lacks (gguf,
                      rouge-score, nltk), built here with `pip wheel --no-deps`
   base/like/NAME/    the default pair's config.json and tokenizer (gzipped): random-weight
-                     folders of their shapes are drawn there (`draftsman models random`)
+                     folders of their shapes are drawn there (`draftsman models random`);
+                     gguf-types.json, the GGML type of each matrix of its GGUF, for random
+                     quantised models of the same blocks (bench/quant_curves.py)
   base/datasets/     HumanEval and MT-Bench as the store keeps them (hash-checked there)
   partK/             SmolLM2's GGUF in parts (scripts/split_gguf.py), the manifest in the
                      last: each call carries base once and one part, so the parts arrive
@@ -20,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from draftsman.bench.quant_curves import TYPES_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = ("gguf==0.19.0", "rouge-score==0.1.2", "nltk==3.9.2")
@@ -36,6 +41,14 @@ DATASETS = ("HumanEval.jsonl.gz", "mt_bench_question.jsonl")
 def draftsman(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "draftsman", *args], check=True,
                           capture_output=True, text=True).stdout.strip()
+
+
+def write_block_types(name: str, path: Path) -> None:
+    """The GGML type of every matrix of `name`'s GGUF, by Hugging Face name."""
+    from draftsman.store.gguf_blocks import read_gguf_blocks
+
+    gguf = Path(draftsman("models", "path", name, "--gguf"))
+    path.write_text(json.dumps(read_gguf_blocks(gguf).qtypes(), indent=0, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy2(folder / file, like / file)
         (like / "tokenizer.json.gz").write_bytes(
             gzip.compress((folder / "tokenizer.json").read_bytes(), 9))
+        write_block_types(name, like / TYPES_FILE)
     home = Path(draftsman("models", "path", PAIR[0])).parent.parent
     (base / "datasets").mkdir()
     for file in DATASETS:

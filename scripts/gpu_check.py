@@ -9,6 +9,11 @@ runs the stages in order, each in a process of its own with a time limit, so a s
 breaks or hangs costs only itself:
   env       nvidia-smi, versions, measured copy bandwidth and bf16 matrix rate
   test-gpu  `pytest -m gpu` (what `make test-gpu` runs)
+  host-cpu  the host CPU at 2 threads, a 2-core machine's share (lent hosts have had AMX,
+            which no development machine may have): lscpu, the CPU kernel tests on every
+            path it runs (AMX tiles there), every matrix kernel's cost curve
+            (scripts/kernel_curves.py) and the default pair's q4/q8 forward curves with
+            random blocks of their GGUFs' types (bench/quant_curves.py)
   random    random-weight folders of the default pair's shapes (1.5B, 0.5B; config and
             tokenizer carried, see gpu_carry.py); their forward cost over 1..64 rows, eager
             and static; an interleaved bench: our AR eager, --static (CUDA graphs) and
@@ -44,17 +49,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("env", "test-gpu", "random", "batched", "breakdown", "real", "report")
+STAGES = ("env", "test-gpu", "host-cpu", "random", "batched", "breakdown", "real", "report")
 # sized for one device call (at most 600 s) in a session of 15 device minutes: the H200
 # runs of 2026-11-26 took env 12-14 s, test-gpu 20 s warm, random 252 s (--quick 271 s with
 # its compiles), batched 96 s; a fresh machine's first test-gpu 100-130 s (cold caches);
 # breakdown 28 s a plain run, 66 s a compiled one
-TIMEOUTS = {"env": 40, "test-gpu": 150, "random": 330, "batched": 120, "breakdown": 240,
-            "real": 240, "report": 30}
+TIMEOUTS = {"env": 40, "test-gpu": 150, "host-cpu": 360, "random": 330, "batched": 120,
+            "breakdown": 240, "real": 240, "report": 30}
 PAIR = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
 SMALL = "smollm2-135m-instruct"
 ACCEPTANCE = ROOT / "bench-results" / "speculative-bf16-avx512"
 ROWS = "1,2,4,8,16,32,64"
+# the CPU kernels' tests: the tile paths run where the host has AMX
+HOST_TESTS = ("test_kquant_kernel.py", "test_q8_records.py", "test_int8_onednn.py",
+              "test_decode_ops.py", "test_fused_cpu_step.py", "test_quant.py", "test_q4_draft.py")
 
 
 class Check:
@@ -70,8 +78,19 @@ class Check:
         self.env = dict(os.environ, PYTHONUNBUFFERED="1",
                         DRAFTSMAN_HOME=str(self.work / "home"))
         self.device = "cpu" if self.dry else "cuda"
+        if self.dry:
+            self.share_kernels()
         self.status: dict[str, str] = {}
         self.limits = parse_limits(args.limits)
+
+    def share_kernels(self) -> None:
+        """A dry run loads the CPU kernels the caller's store already built (WORK/home is
+        a fresh store: compiling them again would cost the suite a minute)."""
+        home = os.environ.get("DRAFTSMAN_HOME") or str(Path.home() / ".cache" / "draftsman")
+        mine, theirs = self.work / "home" / "kernels", Path(home).expanduser() / "kernels"
+        if theirs.is_dir() and not mine.exists():
+            mine.parent.mkdir(parents=True, exist_ok=True)
+            mine.symlink_to(theirs.resolve(), target_is_directory=True)
 
     # ---- plumbing ---------------------------------------------------------------------
     def log(self, text: str) -> None:
@@ -80,14 +99,16 @@ class Check:
         with open(self.log_path, "a") as f:
             f.write(line + "\n")
 
-    def run(self, argv: list[str], name: str, timeout: float) -> bool:
+    def run(self, argv: list[str], name: str, timeout: float,
+            env: dict[str, str] | None = None) -> bool:
         """Run `argv`, its output into WORK/<name>.log; False on failure or time-out."""
         self.log(f"$ {' '.join(map(str, argv))}")
         path = self.work / f"{name}.log"
         with open(path, "a") as f:
             try:
                 rc = subprocess.run([str(a) for a in argv], stdout=f, stderr=subprocess.STDOUT,
-                                    env=self.env, cwd=ROOT, timeout=max(timeout, 1)).returncode
+                                    env=env or self.env, cwd=ROOT,
+                                    timeout=max(timeout, 1)).returncode
             except subprocess.TimeoutExpired:
                 self.log(f"  timed out after {timeout:.0f} s")
                 return False
@@ -102,7 +123,8 @@ class Check:
     @staticmethod
     def is_result(path: Path) -> bool:
         """What the pack carries back; weights, wheels and the store stay behind."""
-        return path.name.startswith("bench-") or path.suffix in (".json", ".log", ".md")
+        return path.name.startswith("bench-") or path.suffix in (".json", ".jsonl", ".log",
+                                                                  ".md")
 
     def set_aside_other_results(self, commit: str) -> None:
         """Results in WORK from another commit (an earlier session's lease on the same host
@@ -169,6 +191,41 @@ class Check:
                          "no:cacheprovider", "-o", "addopts=", "-rfE",
                          "--continue-on-collection-errors", *per_test, *files],
                         "test-gpu", budget)
+
+    def stage_host_cpu(self, budget: float) -> bool:
+        """The host CPU as a 2-core machine would run the CPU path: its flags, the kernels
+        built for it, their tests, the kernel curves and the pair's quantised forward curves
+        (random weights; q8 also forced onto the records, which AMX hosts do not choose)."""
+        end = time.monotonic() + budget
+        env = dict(self.env, OMP_NUM_THREADS="2")
+        self.run(["lscpu"], "host-cpu", 10)
+        ok = self.run([sys.executable, "-c", "from draftsman.kernels.native import build, "
+                       "kquant_amx, kquant_isa, kquant_records; print(build(True)); "
+                       "print('isa', kquant_isa(), 'records', kquant_records(), "
+                       "'amx', kquant_amx())"], "host-cpu", 240)
+        if not self.dry:  # the suite runs this script; it must not run these tests again
+            per_test = ["--timeout", "120"] if importlib.util.find_spec("pytest_timeout") else []
+            ok &= self.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "-o", "addopts=", "-rfEs", *per_test,
+                            *(f"tests/{t}" for t in HOST_TESTS)], "host-cpu-tests",
+                           min(150, end - time.monotonic()), env)
+        small = ["--shape", "512x256", "--matrices", "2", "--repeats", "1", "--rows", "1,2"]
+        curves = self.work / "host-kernels.jsonl"
+        curves.unlink(missing_ok=True)
+        ok &= self.run([sys.executable, ROOT / "scripts" / "kernel_curves.py", "--threads", "2",
+                        *(small if self.dry else ["--matrices", "24", "--repeats", "5"]),
+                        "--out", curves], "host-cpu", min(150, end - time.monotonic()), env)
+        self.pack()
+        for i, (name, contestants) in enumerate(((PAIR[0], "q4,q8,q8@records"),
+                                                 (PAIR[1], "q4-draft,q4,q8,q8@records"))):
+            left = (end - time.monotonic()) / (2 - i)
+            ok &= self.run([sys.executable, "-m", "draftsman.bench.quant_curves", "--like",
+                            self.like(name), "--contestants", contestants, "--threads", "2",
+                            "--build-threads", str(os.cpu_count() or 2),
+                            "--rounds", "1" if self.dry else "8",
+                            "--lengths", "1,2" if self.dry else "1,2,4,8,16", "--out",
+                            self.work / f"host-curves-{name}.json"], "host-cpu", left, env)
+        return ok
 
     def like(self, name: str) -> Path:
         """The carried config + tokenizer of `name` (tokenizer.json travels gzipped),

@@ -32,7 +32,8 @@ def test_dry_run_runs_every_stage_and_packs_its_results(tmp_path: Path) -> None:
                           str(tmp_path / "work")], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     status = json.loads((tmp_path / "work" / "status.json").read_text())
-    assert status == {s: "ok" for s in ("env", "test-gpu", "random", "batched", "breakdown",
+    assert status == {s: "ok" for s in ("env", "test-gpu", "host-cpu", "random", "batched",
+                                        "breakdown",
                                         "real", "report")}
     summary = (out / "summary.md").read_text()
     for part in ("Forward cost, 1.5b bf16", "weights: random", "| hf:compiled |",
@@ -42,7 +43,8 @@ def test_dry_run_runs_every_stage_and_packs_its_results(tmp_path: Path) -> None:
     with tarfile.open(out / "gpu-check.tar.gz") as tar:
         names = set(tar.getnames())
     assert {"bench-random/results.jsonl", "bench-smollm2/results.jsonl", "summary.md",
-            "ceilings.json"} <= names
+            "ceilings.json", "host-kernels.jsonl", "host-curves-qwen2.5-coder-1.5b-instruct.json",
+            "host-curves-qwen2.5-coder-0.5b-instruct.json"} <= names
     # no weights, wheels or store travel back
     assert not {n.split("/")[0] for n in names} & {"models", "home", "site", "like", "gguf"}
     rows = [json.loads(line) for line in

@@ -166,6 +166,10 @@ class GGUFBlocks(Mapping[str, BlockTensor]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def qtypes(self) -> dict[str, int]:
+        """Each tensor's GGML type by Hugging Face name (no tensor data read)."""
+        return {name: e.qtype for name, e in self._entries.items()}
+
 
 def read_gguf_blocks(path: Path | str) -> GGUFBlocks:
     """Every 2-D tensor of the GGUF at `path`, keyed by its Hugging Face name (read lazily)."""
