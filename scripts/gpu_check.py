@@ -205,8 +205,12 @@ class Check:
                        "'amx', kquant_amx())"], "host-cpu", 240)
         if not self.dry:  # the suite runs this script; it must not run these tests again
             per_test = ["--timeout", "120"] if importlib.util.find_spec("pytest_timeout") else []
+            # a test that crashes the process costs only its worker where xdist is there
+            # (a bad shape once crashed Python there: host-amx-h200)
+            workers = ["-n", "4"] if importlib.util.find_spec("xdist") else []
             ok &= self.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "-o", "addopts=", "-rfEs", *per_test,
+                            "-o", "addopts=", "-rfEs", "--continue-on-collection-errors",
+                            *per_test, *workers,
                             *(f"tests/{t}" for t in HOST_TESTS)], "host-cpu-tests",
                            min(150, end - time.monotonic()), env)
         small = ["--shape", "512x256", "--matrices", "2", "--repeats", "1", "--rows", "1,2"]

@@ -20,6 +20,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "check_message.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -184,7 +186,7 @@ void dequantize_block(int64_t qtype, const uint8_t* b, float* out) {
       return;
     }
     default:
-      TORCH_CHECK(false, "dequantize_blocks: GGML type ", qtype, " is not decoded here");
+      TORCH_CHECK(false, draftsman_msg::text("dequantize_blocks: GGML type ", qtype, " is not decoded here"));
   }
 }
 
@@ -206,10 +208,10 @@ int64_t block_bytes(int64_t qtype) {
 
 at::Tensor dequantize_blocks(const at::Tensor& rows, int64_t qtype, int64_t k) {
   const int64_t bytes = block_bytes(qtype), size = block_size(qtype);
-  TORCH_CHECK(bytes > 0, "dequantize_blocks: GGML type ", qtype, " is not decoded here");
+  TORCH_CHECK(bytes > 0, draftsman_msg::text("dequantize_blocks: GGML type ", qtype, " is not decoded here"));
   TORCH_CHECK(rows.dim() == 2 && rows.scalar_type() == at::kByte && rows.is_contiguous() &&
                   k % size == 0 && rows.size(1) == k / size * bytes,
-              "dequantize_blocks: rows must be a contiguous uint8 [N, K / ", size, " * ", bytes, "]");
+              draftsman_msg::text("dequantize_blocks: rows must be a contiguous uint8 [N, K / ", size, " * ", bytes, "]"));
   const int64_t n = rows.size(0), nb = k / size;
   at::Tensor out = at::empty({n, k}, rows.options().dtype(at::kFloat));
   const uint8_t* src = rows.data_ptr<uint8_t>();

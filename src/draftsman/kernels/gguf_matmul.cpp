@@ -23,6 +23,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "check_message.h"
+
 #include "kquant_blocks.h"
 
 #include <cmath>
@@ -422,7 +424,7 @@ at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, in
   const int64_t block_bytes = qtype == TYPE_Q4_K ? Q4K_BYTES : Q6K_BYTES;
   const int64_t nb = w.size(1) / block_bytes, row_bytes = w.size(1);
   TORCH_CHECK(row_bytes == nb * block_bytes && k <= nb * QK && k > (nb - 1) * QK,
-              "kquant_mm: w rows hold ", w.size(1), " bytes, not whole blocks covering K = ", k);
+              draftsman_msg::text("kquant_mm: w rows hold ", w.size(1), " bytes, not whole blocks covering K = ", k));
   const std::vector<Q8Block> xq = quantize_rows(x, nb);
   // results in x's dtype (bf16: rounded to nearest even once, from the float32 sum)
   at::Tensor y = at::empty({m, n}, x.options());

@@ -31,6 +31,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "check_message.h"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -46,11 +48,13 @@ using namespace draftsman_kquant;
 using namespace draftsman_amx;
 
 constexpr int TILE_ROWS = 16;  // activation rows per tile
-// Fewer rows than this take vpdpbusd instead of tiles (same exact sums; measured faster at
-// 1-5 rows, where unpacked weights meet too few rows to pay the tiles' scaled unpacking,
-// loads and stores: whole 1.5B q4 forward at 3 / 4 / 5 rows 79 / 81 / 84 -> 71 / 75 / 75 ms;
-// even at 6, slower from 7)
-constexpr int MIN_TILE_ROWS = 6;
+// Fewer rows than this take vpdpbusd instead of tiles (same exact sums). Once 6 (tiles were
+// faster from 6 rows on an AMX Xeon against the vectors of the time); since the vectors took
+// 8-row passes and embedded broadcasts they are faster to 8 rows and level at 16: on an
+// Emerald Rapids core with AMX, 2 threads, 24 Q4_K 8960 x 1536 matrices, tiles / vectors at
+// 8 rows 20.9 / 15.2 ms, at 16 28.3 / 28.5 (bench-results/host-amx-h200). Past 16 rows
+// (prefill, batched steps) the tiles take every whole tile.
+constexpr int MIN_TILE_ROWS = 16;
 
 // f(std::integral_constant<int, R>{}) for R = rows, 1 <= rows <= MAX (MAX if more): one
 // instantiation of a vector path per row count.
@@ -574,7 +578,7 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
   TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has no AVX-512 VNNI");
   TORCH_CHECK(!use_tiles || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
   TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0 || qtype == TYPE_I8_ROW,
-              "kquant_records_mm: qtype must be Q4_K, Q6_K, Q8_0 or int8 rows (", TYPE_I8_ROW, ")");
+              draftsman_msg::text("kquant_records_mm: qtype must be Q4_K, Q6_K, Q8_0 or int8 rows (", TYPE_I8_ROW, ")"));
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.dim() == 2 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(),
               "kquant_records_mm: x must be a contiguous float32 or bfloat16 [M, K] tensor");
@@ -589,8 +593,8 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
   TORCH_CHECK(packed.size(1) == (nb - 1) * rec_bytes + (half ? half_bytes : rec_bytes) &&
                   k <= (nb - 1) * QK + (half ? HALF_K : QK) && k > (nb - 1) * QK &&
                   n > (groups - 1) * COLS && n <= groups * COLS,
-              "kquant_records_mm: packed holds ", groups, " groups of ", packed.size(1),
-              " bytes, not ", n, " rows of width ", k);
+              draftsman_msg::text("kquant_records_mm: packed holds ", groups, " groups of ", packed.size(1),
+                                  " bytes, not ", n, " rows of width ", k));
   TORCH_CHECK(y.dim() == 2 && y.size(0) == m && y.scalar_type() == x.scalar_type() && y.stride(1) == 1 &&
                   y.stride(0) == y.size(1) && col >= 0 && col + n <= y.size(1),
               "kquant_records_mm: out must be a contiguous [M, >= col + n] tensor in x's dtype");

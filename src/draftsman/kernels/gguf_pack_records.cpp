@@ -7,6 +7,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "check_message.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -133,15 +135,15 @@ at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype, int64_t k) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "kquant_pack_records: w must be a contiguous uint8 [N, bytes] tensor of K-quant rows");
   const int64_t block = qtype == TYPE_Q4_K ? Q4K_BYTES : qtype == TYPE_Q6_K ? Q6K_BYTES : Q8_0_BYTES;
-  TORCH_CHECK(w.size(1) % block == 0, "kquant_pack_records: rows of ", w.size(1),
-              " bytes are not whole blocks");
+  TORCH_CHECK(w.size(1) % block == 0,
+              draftsman_msg::text("kquant_pack_records: rows of ", w.size(1), " bytes are not whole blocks"));
   // Q8_0: 8 blocks of 32 a record, the last record's missing blocks zero (d = 0)
   const int per_record = qtype == TYPE_Q8_0 ? QK / 32 : 1;
   const int64_t blocks = w.size(1) / block, nb = (blocks + per_record - 1) / per_record;
   const int64_t width = blocks * (QK / per_record);
   if (k < 0) k = width;
-  TORCH_CHECK(k <= width && k > width - QK / per_record, "kquant_pack_records: width ", k,
-              " does not end in the last of ", blocks, " blocks");
+  TORCH_CHECK(k <= width && k > width - QK / per_record,
+              draftsman_msg::text("kquant_pack_records: width ", k, " does not end in the last of ", blocks, " blocks"));
   const int64_t n = w.size(0), groups = (n + COLS - 1) / COLS;
   const int rec_bytes = record_bytes(qtype);
   const int64_t bytes = group_bytes(qtype, k, nb);

@@ -82,7 +82,7 @@ inline void configure_tiles(int rows) {
 // passes 2^24 (possible only near the bounds, Q4_K 2^24.9 and Q6_K 2^27: activations of all
 // +-127 against extreme weights and scales). Either way a row's arithmetic is its own, in a
 // fixed order: batch invariance holds on each. A model takes one of them for all its row
-// counts (IntSum where AMX tiles take 6 rows and more).
+// counts (IntSum where AMX tiles take 16 rows and more).
 struct IntSum {
   static constexpr bool HIGH_IN_PLACE = false;
   using Vec = __m512i;

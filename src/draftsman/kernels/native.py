@@ -32,7 +32,7 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in
                  "attention_amx.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
-                 "simd_math.h", "attention_amx.h", "q8_records.h"))
+                 "simd_math.h", "attention_amx.h", "q8_records.h", "check_message.h"))
 _reason: list[str] = []
 
 
@@ -179,7 +179,7 @@ def kquant_records() -> bool:
 
 @cache
 def kquant_amx() -> bool:
-    """Whether K-quant records take AMX-INT8 tiles from 6 rows here: the build has them (an AMX
+    """Whether K-quant records take AMX-INT8 tiles from 16 rows here: the build has them (an AMX
     CPU) and Linux granted the tile state. DRAFTSMAN_KQUANT_AMX=0 turns the tiles off (the
     records' vector path, as on an AVX-512 VNNI CPU without AMX); DRAFTSMAN_KQUANT_RECORDS=0
     the records too."""

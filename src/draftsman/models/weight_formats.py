@@ -12,13 +12,15 @@ a quantised format:
   (`companion_dtype`).
 - `q8`: every matrix in 8 bits, from a GGUF's blocks or the folder's weights, on the kernel
   `int8_kernel()` picks for the CPU:
-  - "records" (AVX-512 VNNI without AMX): int8 per output row in records of 16 rows on
-    draftsman's kernel (models/int8_linear.py), activations in int8 per 256. 24 distinct
-    8960 x 1536 matrices, 2 threads, an Emerald Rapids core: 1 / 8 / 16 rows 14.5 / 17.3 /
-    23.5 ms against oneDNN's 22.1 / 28.2 / 34.3 (bench-results/kernels-avx512);
-  - "onednn" (AMX-INT8, AVX-VNNI): int8 per output row on oneDNN's int8 GEMM, activations
-    in int8 per row (on an AMX Xeon its tiles measured v(16) 1.28-1.34 for the 1.5B; the
-    records' vectors are not measured there);
+  - "records" (AVX-512 VNNI, with or without AMX): int8 per output row in records of 16
+    rows on draftsman's kernel (models/int8_linear.py), activations in int8 per 256. 24
+    distinct 8960 x 1536 matrices, 2 threads, an Emerald Rapids core: 1 / 8 / 16 rows
+    14.5 / 17.3 / 23.5 ms against oneDNN's 22.1 / 28.2 / 34.3 (bench-results/kernels-avx512);
+    the same core with AMX, where oneDNN runs tiles: 16.7 / 20.9 / 27.9 against 51.1 / 53.3
+    / 54.6, the whole 1.5B q8 84.6 / 109.1 / 146.3 ms against 209 / 224 / 242
+    (bench-results/host-amx-h200; oneDNN overtakes the records past about 32 rows);
+  - "onednn" (AVX-VNNI without AVX-512): int8 per output row on oneDNN's int8 GEMM,
+    activations in int8 per row;
   - "packed" (no int8 dot product): int8 per output row on PyTorch's weight-only int8 kernel
     with float activations, which measured 2x faster than oneDNN's int8 path on an AVX2
     EPYC (56 vs 114 ms for 24 8960x1536 matrices).
@@ -122,10 +124,10 @@ def has_int8_dot() -> bool:
 
 def int8_kernel() -> str:
     """Which kernel 8-bit matrices run on (see the module docstring): "records" where
-    draftsman's records kernel runs and the CPU has no AMX, "onednn" where the CPU has
+    draftsman's records kernel runs (AVX-512 VNNI, AMX or not), "onednn" where the CPU has
     another int8 dot product, "packed" elsewhere. DRAFTSMAN_INT8_KERNEL=records|onednn|packed
     overrides it (tests, profiles); "records" where it cannot run is refused in one line."""
-    from draftsman.kernels.native import kquant_amx, kquant_records
+    from draftsman.kernels.native import kquant_records
 
     forced = os.environ.get("DRAFTSMAN_INT8_KERNEL", "").strip()
     if forced:
@@ -136,7 +138,7 @@ def int8_kernel() -> str:
             raise DraftsmanError("DRAFTSMAN_INT8_KERNEL=records: this CPU or build has no "
                                  "AVX-512 VNNI records kernel")
         return forced
-    if kquant_records() and not kquant_amx():
+    if kquant_records():
         return "records"
     return "onednn" if has_int8_dot() else "packed"
 
