@@ -17,6 +17,7 @@ def measured(monkeypatch, tmp_path) -> list[list[int]]:
         return {n: 1e-3 * (1 + n / 10) for n in lengths}
 
     monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
+    monkeypatch.setenv("DRAFTSMAN_PROFILES", str(tmp_path / "profiles"))
     monkeypatch.setattr(profiling, "measure_latency", fake)
     monkeypatch.setattr(profiling, "engine_kind", lambda engine: "fp32")
     return calls
@@ -111,3 +112,17 @@ def test_latency_is_timed_in_rounds_after_every_length_is_warm(monkeypatch):
     # one slow forward per length at most: the medians keep the true costs (one after
     # another, 4 rows would have taken all three slow calls and reported 6.4 ms)
     assert latency == {n: pytest.approx(1e-3 * (1 + n / 10)) for n in (1, 4, 16)}
+
+
+def test_profiles_go_where_draftsman_profiles_says_else_under_the_home(monkeypatch, tmp_path):
+    """The suite keeps its own profiles (conftest): curves measured under its load must never
+    replace the ones a user's cost model reads from the store."""
+    from draftsman.profiling import profile_path
+    from draftsman.store.home import draftsman_home
+
+    assert not str(profile_path("m", "q4", 2)).startswith(str(draftsman_home() / "profiles"))
+    monkeypatch.setenv("DRAFTSMAN_PROFILES", str(tmp_path / "mine"))
+    assert profile_path("a/qwen", "q4", 2) == tmp_path / "mine" / "qwen-q4-t2.json"
+    monkeypatch.delenv("DRAFTSMAN_PROFILES")
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+    assert profile_path("qwen", "bf16", 1) == tmp_path / "home" / "profiles" / "qwen-bf16-t1.json"

@@ -1,13 +1,15 @@
 """Forward-cost profiles: L(n), the seconds of one forward over n new tokens, measured
-once per model, backend, dtype and thread count and cached under $DRAFTSMAN_HOME/profiles;
-and from it the target's verify cost curve v(n) = L(n) / L(1), measured once per model, dtype and
-thread count and cached under $DRAFTSMAN_HOME/profiles (the same file `draftsman profile`
-writes). The cost-model γ policy needs it: on a memory-bound GPU v(n) ≈ 1 for small n, on
-CPUs without native bf16 matmuls v(n) grows almost linearly, and the best γ differs."""
+once per model, backend, dtype and thread count and cached under $DRAFTSMAN_HOME/profiles
+($DRAFTSMAN_PROFILES where set: the test suite keeps its own, so that curves it measures
+under its own load never replace a machine's); and from it the target's verify cost curve
+v(n) = L(n) / L(1) (the same file `draftsman profile` writes). The cost-model γ policy
+needs it: on a memory-bound GPU v(n) ≈ 1 for small n, on CPUs without native bf16 matmuls
+v(n) grows almost linearly, and the best γ differs."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -179,9 +181,15 @@ def interpolate(latency: dict[int, float], n: int) -> float:
     return latency[xs[-1]]
 
 
+def profiles_dir() -> Path:
+    """$DRAFTSMAN_PROFILES, else $DRAFTSMAN_HOME/profiles (read on every call)."""
+    own = os.environ.get("DRAFTSMAN_PROFILES")
+    return Path(own).expanduser() if own else draftsman_home() / "profiles"
+
+
 def profile_path(model_name: str, dtype: str, threads: int) -> Path:
     safe = Path(str(model_name)).name
-    return draftsman_home() / "profiles" / f"{safe}-{dtype}-t{threads}.json"
+    return profiles_dir() / f"{safe}-{dtype}-t{threads}.json"
 
 
 def save_profile(path: Path, latency: dict[int, float], meta: dict) -> None:
