@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draftsman.bench.quant_curves import random_block_rows
 from draftsman.hardware import cpu_flags, cpu_model
 from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, kquant_records
 from draftsman.models.int8_linear import Int8Matrix, Int8RecordsMatrix, OneDnnInt8Matrix
@@ -52,18 +53,13 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_i
 
 
 def q4k_blocks(n: int, k: int, rng: np.random.Generator) -> BlockTensor:
-    """Random valid Q4_K rows: random bytes with small fp16 super-block scales."""
-    b = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)
-    b[..., 0:2] = np.full((n, k // 256, 1), 1.5e-4, np.float16).view(np.uint8)
-    b[..., 2:4] = np.full((n, k // 256, 1), 2e-3, np.float16).view(np.uint8)
-    return BlockTensor("w", 12, (n, k), b.reshape(n, -1))
+    """Random valid Q4_K rows (bench/quant_curves.random_block_rows)."""
+    return BlockTensor("w", 12, (n, k), random_block_rows(12, n, k, rng))
 
 
 def q6k_blocks(n: int, k: int, rng: np.random.Generator) -> BlockTensor:
-    """Random valid Q6_K rows: random quants and int8 scales, a small fp16 super-block scale."""
-    b = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
-    b[..., 208:210] = np.full((n, k // 256, 1), 1e-4, np.float16).view(np.uint8)
-    return BlockTensor("w", 14, (n, k), b.reshape(n, -1))
+    """Random valid Q6_K rows (bench/quant_curves.random_block_rows)."""
+    return BlockTensor("w", 14, (n, k), random_block_rows(14, n, k, rng))
 
 
 def q8_0_blocks(w: torch.Tensor) -> BlockTensor:
