@@ -3,7 +3,9 @@
 
 Times one forward of T new rows after `--context` cached tokens twice in one process:
 as loaded, and with every K-quant matrix replaced by zeros (no weight read; zeros, as
-garbage outputs hold denormals that slow the glue).
+garbage outputs hold denormals that slow the glue). Both ways a matrix is called are
+replaced: the module's forward and the fused CPU step's direct kernel call
+(`QuantLinear.rows_product`, taken once into the model's flat plan, which is rebuilt here).
 The second figure is the floor the glue sets (norms, RoPE, attention, activations, Python);
 the difference is the kernel's share. Issue 22 uses it to explain the gap to llama.cpp.
 
@@ -13,7 +15,7 @@ the difference is the kernel's share. Issue 22 uses it to explain the gap to lla
     scripts/q4_step_breakdown.py --rows 1,16 --all-logits --by-matrix
 
 `--by-matrix` adds the kernel's time per matrix kind (block type and shape, all layers
-together) at each row count, from the profiler: which matrices make a verify dear.
+together) at each row count, timed around each call: which matrices make a verify dear.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections import defaultdict
 import torch
 
 from draftsman.models.loader import load_model
-from draftsman.models.quant_linear import KQuantMatrix, KQuantRecordsMatrix
+from draftsman.models.quant_linear import KQuantMatrix, KQuantRecordsMatrix, QuantLinear
 from draftsman.store.resolve import resolve_gguf, resolve_model
 
 
@@ -62,23 +64,39 @@ def by_matrix(model, cache, context: int, rows: list[int], repeats: int,
     """kind -> rows -> median ms per forward the kernel spends on that kind of matrix."""
     kinds = matrix_kinds(model)
     spent: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    forwards = {}
-    for kind in (KQuantMatrix, KQuantRecordsMatrix):
-        forwards[kind] = kind.forward
+    per_forward: dict[str, float] = defaultdict(float)
 
-        def timed(self, x, _forward=kind.forward):
+    def timed(matrix, product):
+        def run(x):
             start = time.perf_counter()
-            out = _forward(self, x)
-            name = f"{kinds[id(self)]} {self.out_features}x{x.shape[-1]}"
+            out = product(x)
+            name = f"{kinds[id(matrix)]} {matrix.out_features}x{x.shape[-1]}"
             per_forward[name] += (time.perf_counter() - start) * 1e3
             return out
+        return run
 
-        kind.forward = timed
+    def timed_forward(self, x):
+        return timed(self, lambda x: forwards[type(self)](self, x))(x)
+
+    def timed_forward_into(self, x, out, col):
+        timed(self, lambda x: forward_into(self, x, out, col))(x)
+
+    def timed_rows_product(self, dtype):
+        direct = rows_product(self, dtype)
+        return None if direct is None else timed(self.parts[0], direct)
+
+    forwards = {kind: kind.forward for kind in (KQuantMatrix, KQuantRecordsMatrix)}
+    rows_product, forward_into = QuantLinear.rows_product, KQuantRecordsMatrix.forward_into
+    for kind in forwards:
+        kind.forward = timed_forward
+    KQuantRecordsMatrix.forward_into = timed_forward_into
+    QuantLinear.rows_product = timed_rows_product
+    model._fused_cpu_step = None  # the plan takes the timed direct calls
     try:
         for t in rows:
             ids, pos = torch.zeros(1, t, dtype=torch.long), torch.arange(context, context + t)[None]
             for i in range(repeats + 3):
-                per_forward: dict[str, float] = defaultdict(float)
+                per_forward.clear()
                 model(ids, pos, cache, logits_at=logits_at, start=context)
                 if i >= 3:
                     for name, ms in per_forward.items():
@@ -86,6 +104,8 @@ def by_matrix(model, cache, context: int, rows: list[int], repeats: int,
     finally:
         for kind, forward in forwards.items():
             kind.forward = forward
+        QuantLinear.rows_product, KQuantRecordsMatrix.forward_into = rows_product, forward_into
+        model._fused_cpu_step = None
     return {name: {t: statistics.median(v) for t, v in by_rows.items()}
             for name, by_rows in spent.items()}
 
@@ -118,13 +138,20 @@ def main() -> None:
     logits_at = slice(None) if a.all_logits else slice(-1, None)
     real = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
     kernel_forwards = [kind.forward for kind in kinds]
+    rows_product, forward_into = QuantLinear.rows_product, KQuantRecordsMatrix.forward_into
     for kind in kinds:
         kind.forward = lambda self, x: x.new_zeros(x.shape[0], self.out_features)
+    KQuantRecordsMatrix.forward_into = (
+        lambda self, x, out, col: out[:, col:col + self.out_features].zero_())
+    QuantLinear.rows_product = lambda self, dtype: None  # the plan calls the zero forwards
+    model._fused_cpu_step = None
     try:
         glue = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
     finally:
         for kind, forward in zip(kinds, kernel_forwards, strict=True):
             kind.forward = forward
+        QuantLinear.rows_product, KQuantRecordsMatrix.forward_into = rows_product, forward_into
+        model._fused_cpu_step = None
     print(f"{a.model} {a.dtype}, {platform.processor() or platform.machine()}, "
           f"{a.threads} threads, {blocks / 2**20:.0f} MiB of K-quant blocks, "
           f"{a.context} cached tokens")
