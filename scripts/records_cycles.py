@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Cycles a record and a record-row of the K-quant records kernel's vector paths, called
+directly (scripts/records_cycles.cpp): the kernel's own cost per 256 k x 16 weight rows x
+activation row, from L2 and from memory, without PyTorch's dispatch around it.
+
+A record-row is 64 `vpdpbusd` (16 columns x 256 k, 4 k an instruction) plus the row's share
+of the unpacking, the sub-block scales and the block's finish. With the instruction's
+throughput (two a cycle on the AVX-512 ports of an Emerald Rapids core) that puts a floor
+under a verify forward which the weights' bytes do not: this script measures how near the
+kernel runs to it. Counts are reference cycles (the TSC, printed in GHz), the best of
+`--repeats` sweeps: noise on a shared machine only adds cycles.
+
+    scripts/records_cycles.py                               # Q4_K and Q6_K, L2 and memory
+    scripts/records_cycles.py --qtypes q4_k --rows 8,16 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from draftsman.kernels import native
+
+QTYPES = {"q4_k": 12, "q6_k": 14}
+# records a group (K = 1536, the 1.5B's hidden size); from L2: 64 groups (~0.9 MB of Q4_K
+# shared out over the threads) passed 64 times a sweep; from memory: ~470 MB of groups
+# (past the last-level caches seen here, 260 MB at most) passed once
+BLOCKS = 6
+PLACES = {"L2": (64, 64), "memory": (33_000, 1)}
+
+
+def build(out: Path) -> None:
+    """The harness, compiled as the kernels are (native.compile_command's flags)."""
+    here = Path(__file__).resolve().parent
+    cmd = [arg for arg in native.compile_command(out) if arg not in ("-shared", "-fPIC")]
+    sources = {str(src) for src in native.SOURCES}
+    cmd = [arg for arg in cmd if arg not in sources]
+    lib_dirs = [arg[2:] for arg in cmd if arg.startswith("-L")]
+    at = cmd.index("-o")  # the harness before the libraries it links against
+    cmd[at:at] = [f"-I{native.SOURCES[0].parent}", str(here / "records_cycles.cpp")]
+    cmd += [f"-Wl,-rpath,{d}" for d in lib_dirs]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"building the harness failed: {done.stderr.strip()[-2000:]}")
+
+
+def run(exe: Path, qtype: int, place: str, threads: int, repeats: int,
+        rows: list[int]) -> tuple[dict[int, tuple[float, float]], float]:
+    """rows -> (cycles a record, cycles a record-row), and the TSC's GHz."""
+    groups, passes = PLACES[place]
+    out = subprocess.run([str(exe), str(qtype), str(BLOCKS), str(groups), str(passes),
+                          str(threads), str(repeats), *map(str, rows)], capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    cycles = {int(r): (float(rec), float(row))
+              for r, rec, row in (line.split() for line in out if line and line[0].isdigit())}
+    ghz = next(float(line.split()[1]) for line in out if line.startswith("tsc_ghz"))
+    return cycles, ghz
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--qtypes", default="q4_k,q6_k", help="comma separated: q4_k, q6_k")
+    p.add_argument("--rows", default="1,4,8,16", help="activation rows, 1..16, comma separated")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=20, help="sweeps a row count (best kept)")
+    a = p.parse_args()
+    if not native.kquant_available() or not native.kquant_records():
+        print("this CPU or build has no AVX-512 VNNI: no K-quant records", file=sys.stderr)
+        return 2
+    qtypes = [q.strip() for q in a.qtypes.split(",")]
+    if unknown := [q for q in qtypes if q not in QTYPES]:
+        print(f"unknown --qtypes {', '.join(unknown)}: choose from {', '.join(QTYPES)}",
+              file=sys.stderr)
+        return 2
+    rows = [int(r) for r in a.rows.split(",")]
+    if any(not 1 <= r <= 16 for r in rows):
+        print("--rows must be 1..16", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "records_cycles"
+        build(exe)
+        print(f"{a.threads} threads, K = {BLOCKS * 256}; reference cycles (best of "
+              f"{a.repeats}) a record / a record-row")
+        print("| block type | weights from | " + " | ".join(f"{r} rows" for r in rows) + " |")
+        print("|---|---|" + "---|" * len(rows))
+        for q in qtypes:
+            for where in PLACES:
+                repeats = a.repeats if where == "L2" else max(3, a.repeats // 4)
+                cycles, ghz = run(exe, QTYPES[q], where, a.threads, repeats, rows)
+                cells = " | ".join(f"{cycles[r][0]:.0f} / {cycles[r][1]:.1f}" for r in rows)
+                print(f"| {q.upper()} | {where} | {cells} |")
+        print(f"TSC {ghz:.2f} GHz")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
