@@ -4,6 +4,7 @@
 // rows after another. Built and run by scripts/records_cycles.py.
 //
 //   records_cycles QTYPE BLOCKS GROUPS PASSES THREADS REPEATS ROWS...
+//   records_cycles peak     the floor: independent vpdpbusd (zmm) a reference cycle, one thread
 //
 // QTYPE 12 (Q4_K) or 14 (Q6_K), on the vector paths (tiles off, as a CPU without AMX runs
 // them); BLOCKS records a group (6: K = 1536); GROUPS groups, laid out one after another as a
@@ -24,9 +25,41 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
+// vpdpbusd a reference cycle when nothing else runs: 16 independent accumulators, so neither
+// latency nor loads limit it (the kernel's 64 a record-row can go no faster than this)
+double peak_dpbusd() {
+  constexpr long ITERATIONS = 50'000'000;
+  long n = ITERATIONS;
+  const uint64_t start = __rdtsc();
+  __asm__ volatile(
+      "vpxord %%zmm16, %%zmm16, %%zmm16\n\tvpxord %%zmm17, %%zmm17, %%zmm17\n\t"
+      "1:\n\t"
+      "vpdpbusd %%zmm16, %%zmm17, %%zmm0\n\tvpdpbusd %%zmm16, %%zmm17, %%zmm1\n\t"
+      "vpdpbusd %%zmm16, %%zmm17, %%zmm2\n\tvpdpbusd %%zmm16, %%zmm17, %%zmm3\n\t"
+      "vpdpbusd %%zmm16, %%zmm17, %%zmm4\n\tvpdpbusd %%zmm16, %%zmm17, %%zmm5\n\t"
+      "vpdpbusd %%zmm16, %%zmm17, %%zmm6\n\tvpdpbusd %%zmm16, %%zmm17, %%zmm7\n\t"
+      "vpdpbusd %%zmm16, %%zmm17, %%zmm8\n\tvpdpbusd %%zmm16, %%zmm17, %%zmm9\n\t"
+      "vpdpbusd %%zmm16, %%zmm17, %%zmm10\n\tvpdpbusd %%zmm16, %%zmm17, %%zmm11\n\t"
+      "vpdpbusd %%zmm16, %%zmm17, %%zmm12\n\tvpdpbusd %%zmm16, %%zmm17, %%zmm13\n\t"
+      "vpdpbusd %%zmm16, %%zmm17, %%zmm14\n\tvpdpbusd %%zmm16, %%zmm17, %%zmm15\n\t"
+      "dec %0\n\tjnz 1b"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+  return 16.0 * ITERATIONS / static_cast<double>(__rdtsc() - start);
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "peak") {
+    double best = 0;
+    for (int rep = 0; rep < 5; ++rep) best = std::max(best, peak_dpbusd());
+    std::printf("peak %.3f\n", best);
+    return 0;
+  }
   if (argc < 8) {
     std::fprintf(stderr, "usage: records_cycles QTYPE BLOCKS GROUPS PASSES THREADS REPEATS ROWS...\n");
     return 2;
