@@ -25,12 +25,16 @@ import platform
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
 from draftsman.models.loader import load_model
 from draftsman.models.quant_linear import KQuantMatrix, KQuantRecordsMatrix, QuantLinear
 from draftsman.store.resolve import resolve_gguf, resolve_model
+
+MATRICES = (KQuantMatrix, KQuantRecordsMatrix)  # the K-quant products, as this CPU runs them
 
 
 def time_step(model, cache, context: int, rows: int, repeats: int,
@@ -56,7 +60,54 @@ def matrix_kinds(model) -> dict[int, str]:
 
     return {id(m): f"{GGMLQuantizationType(int(m.qtype)).name} {role(name)}"
             for name, m in model.named_modules()
-            if isinstance(m, KQuantMatrix | KQuantRecordsMatrix)}
+            if isinstance(m, MATRICES)}
+
+
+@contextmanager
+def matrices_replaced(model, wrap: Callable[[object, Callable], Callable],
+                      direct_calls: bool = True) -> Iterator[None]:
+    """Every K-quant product of `model` through `wrap(matrix, product) -> product`, both ways
+    it is called: a matrix's forward (and forward_into, a fused projection's part) and the
+    fused step's direct kernel call (QuantLinear.rows_product, taken once into the model's
+    flat plan, which is rebuilt around it; `direct_calls=False`: none, so the plan calls the
+    wrapped forwards and adds the biases itself)."""
+    forwards = {kind: kind.forward for kind in MATRICES}
+    rows_product, forward_into = QuantLinear.rows_product, KQuantRecordsMatrix.forward_into
+
+    def forward(self, x):
+        return wrap(self, lambda x: forwards[type(self)](self, x))(x)
+
+    def into(self, x, out, col):
+        cols = out[:, col:col + self.out_features]
+
+        def product(x):
+            forward_into(self, x, out, col)
+            return cols
+
+        got = wrap(self, product)(x)
+        if got is not cols:  # a replaced product: its columns written here
+            cols.copy_(got)
+
+    def direct(self, dtype):
+        product = rows_product(self, dtype) if direct_calls else None
+        return None if product is None else wrap(self.parts[0], product)
+
+    for kind in MATRICES:
+        kind.forward = forward
+    KQuantRecordsMatrix.forward_into, QuantLinear.rows_product = into, direct
+    model._fused_cpu_step = None
+    try:
+        yield
+    finally:
+        for kind, original in forwards.items():
+            kind.forward = original
+        KQuantRecordsMatrix.forward_into, QuantLinear.rows_product = forward_into, rows_product
+        model._fused_cpu_step = None
+
+
+def zeros(matrix, product: Callable) -> Callable:
+    """No weight read: zeros of the product's shape (garbage would hold slow denormals)."""
+    return lambda x: x.new_zeros(x.shape[0], matrix.out_features)
 
 
 def by_matrix(model, cache, context: int, rows: list[int], repeats: int,
@@ -75,24 +126,7 @@ def by_matrix(model, cache, context: int, rows: list[int], repeats: int,
             return out
         return run
 
-    def timed_forward(self, x):
-        return timed(self, lambda x: forwards[type(self)](self, x))(x)
-
-    def timed_forward_into(self, x, out, col):
-        timed(self, lambda x: forward_into(self, x, out, col))(x)
-
-    def timed_rows_product(self, dtype):
-        direct = rows_product(self, dtype)
-        return None if direct is None else timed(self.parts[0], direct)
-
-    forwards = {kind: kind.forward for kind in (KQuantMatrix, KQuantRecordsMatrix)}
-    rows_product, forward_into = QuantLinear.rows_product, KQuantRecordsMatrix.forward_into
-    for kind in forwards:
-        kind.forward = timed_forward
-    KQuantRecordsMatrix.forward_into = timed_forward_into
-    QuantLinear.rows_product = timed_rows_product
-    model._fused_cpu_step = None  # the plan takes the timed direct calls
-    try:
+    with matrices_replaced(model, timed):
         for t in rows:
             ids, pos = torch.zeros(1, t, dtype=torch.long), torch.arange(context, context + t)[None]
             for i in range(repeats + 3):
@@ -101,11 +135,6 @@ def by_matrix(model, cache, context: int, rows: list[int], repeats: int,
                 if i >= 3:
                     for name, ms in per_forward.items():
                         spent[name][t].append(ms)
-    finally:
-        for kind, forward in forwards.items():
-            kind.forward = forward
-        QuantLinear.rows_product, KQuantRecordsMatrix.forward_into = rows_product, forward_into
-        model._fused_cpu_step = None
     return {name: {t: statistics.median(v) for t, v in by_rows.items()}
             for name, by_rows in spent.items()}
 
@@ -128,30 +157,16 @@ def main() -> None:
     model = load_model(resolve_model(a.model, pull=False), a.dtype,
                        gguf=resolve_gguf(a.model, pull=False))
     # the matrices as this CPU runs them: vector paths, or AMX tiles (packed records)
-    kinds = (KQuantMatrix, KQuantRecordsMatrix)
     blocks = sum((m.blocks if isinstance(m, KQuantMatrix) else m.packed).numel()
-                 for m in model.modules() if isinstance(m, kinds))
+                 for m in model.modules() if isinstance(m, MATRICES))
     rows = [int(r) for r in a.rows.split(",")]
     cache = model.new_cache(a.context + max(rows))
     model(torch.randint(0, 1000, (1, a.context)), torch.arange(a.context)[None], cache,
           logits_at=slice(-1, None))
     logits_at = slice(None) if a.all_logits else slice(-1, None)
     real = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
-    kernel_forwards = [kind.forward for kind in kinds]
-    rows_product, forward_into = QuantLinear.rows_product, KQuantRecordsMatrix.forward_into
-    for kind in kinds:
-        kind.forward = lambda self, x: x.new_zeros(x.shape[0], self.out_features)
-    KQuantRecordsMatrix.forward_into = (
-        lambda self, x, out, col: out[:, col:col + self.out_features].zero_())
-    QuantLinear.rows_product = lambda self, dtype: None  # the plan calls the zero forwards
-    model._fused_cpu_step = None
-    try:
+    with matrices_replaced(model, zeros, direct_calls=False):
         glue = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
-    finally:
-        for kind, forward in zip(kinds, kernel_forwards, strict=True):
-            kind.forward = forward
-        QuantLinear.rows_product, KQuantRecordsMatrix.forward_into = rows_product, forward_into
-        model._fused_cpu_step = None
     print(f"{a.model} {a.dtype}, {platform.processor() or platform.machine()}, "
           f"{a.threads} threads, {blocks / 2**20:.0f} MiB of K-quant blocks, "
           f"{a.context} cached tokens")
