@@ -10,8 +10,8 @@ sweep streams the weights from memory, as a decode step does). Kernels are timed
 - int4pack: PyTorch's weight-only int4 groups of 32 (`_weight_int4pack_mm_for_cpu`);
 - kquant-q4k: draftsman's K-quant kernel on Q4_K blocks (where it builds), its widest vector
   path (`kquant_isa`); kquant-q4k-avx2 beside it where that is AVX-512, and the same blocks
-  repacked into records of 16 rows where the CPU has AVX-512 VNNI: kquant-q4k-records (VNNI
-  vectors) or, where it has AMX, kquant-q4k-amx (tiles from 6 rows);
+  repacked into records of 16 rows where the CPU has AVX-512 VNNI or AVX2:
+  kquant-q4k-records (vectors) or, where it has AMX, kquant-q4k-amx (tiles from 16 rows);
 - int8-records: onednn-int8's int8 rows and scales repacked into records of 16 rows
   (int8_linear.Int8RecordsMatrix, AVX-512 VNNI), activations in int8 per 256: q8's kernel
   there; q8_0-records: the same weights as Q8_0 blocks of 32 on records (the 0.5B's Q5_0 /
@@ -38,7 +38,13 @@ import torch
 
 from draftsman.bench.quant_curves import random_block_rows
 from draftsman.hardware import cpu_flags, cpu_model
-from draftsman.kernels.native import kquant_amx, kquant_available, kquant_isa, kquant_records
+from draftsman.kernels.native import (
+    byte_records,
+    kquant_amx,
+    kquant_available,
+    kquant_isa,
+    kquant_records,
+)
 from draftsman.models.int8_linear import Int8Matrix, Int8RecordsMatrix, OneDnnInt8Matrix
 from draftsman.models.quant_linear import (
     Int4Matrix,
@@ -82,6 +88,7 @@ def make_kernels(n: int, k: int, count: int) -> dict[str, list[Callable]]:
             kernels["kquant-q4k-avx2"] = []
         if kquant_records():  # AMX tiles where kquant_amx
             kernels["kquant-q4k-amx" if kquant_amx() else "kquant-q4k-records"] = []
+        if byte_records():
             kernels["int8-records"], kernels["q8_0-records"] = [], []
     for _ in range(count):
         blocks = q4k_blocks(n, k, rng)

@@ -67,7 +67,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=20, help="sweeps a row count (best kept)")
     a = p.parse_args()
-    if not native.kquant_available() or not native.kquant_records():
+    if native.records_isa() != "avx512vnni":
         print("this CPU or build has no AVX-512 VNNI: no K-quant records", file=sys.stderr)
         return 2
     qtypes = [q.strip() for q in a.qtypes.split(",")]

@@ -7,7 +7,7 @@ memory and from cache: an A/B of two builds is this script run at each commit in
 
 "from memory": 24 distinct matrices per sweep (more than the caches hold, as a decode step
 streams its weights); "from cache": one matrix 24 times (the kernel's compute alone).
-Medians of `--repeats` sweeps. Needs a CPU with AVX-512 VNNI (tiles where it has AMX-INT8).
+Medians of `--repeats` sweeps. Needs a CPU with AVX-512 VNNI (tiles where it has AMX-INT8) or AVX2.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def main() -> int:
                    help="the weights' block type")
     a = p.parse_args()
     if not kquant_records():
-        print("this CPU or build has no AVX-512 VNNI: no K-quant records", file=sys.stderr)
+        print("this CPU or build has neither AVX-512 VNNI nor AVX2: no K-quant records",
+              file=sys.stderr)
         return 2
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)

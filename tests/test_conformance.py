@@ -21,7 +21,7 @@ from test_speculative import perturbed_copy
 from tiny import hf_model, ours_from_hf
 
 from draftsman import sampling as sampling_module
-from draftsman.kernels.native import kquant_records
+from draftsman.kernels.native import byte_records
 from draftsman.models.loader import build_model
 from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.proposers import staged as staged_module
@@ -420,7 +420,7 @@ def test_quantised_targets_are_exact(monkeypatch, kind, kernel):
     """A q4 / q8 target on its batch-invariant kernels: the rows of a verify forward are the
     one-token forward's, so speculative sampling draws the quantised model's own tokens.
     Vocabulary 97 under top-k 3: the expected joint walks the 81 cells of 4 tokens."""
-    if kernel == "records" and not kquant_records():
+    if kernel == "records" and not byte_records():
         pytest.skip("no AVX-512 VNNI on this CPU: no Q8_0 records")
     monkeypatch.setenv("DRAFTSMAN_INT8_KERNEL", kernel)
     config, state, blocks = gguf_model("llama", seed=0, lm_scale=4.0)

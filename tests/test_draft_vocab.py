@@ -55,7 +55,10 @@ def test_kept_ids_score_as_the_full_head_and_the_rest_is_minus_infinity(family):
     keep = [0, 5, 17, 18, 60, 96]
     full, part = logits(model, [4, 9, 33, 2]), logits(narrowed(model, keep), [4, 9, 33, 2])
     assert part.shape == full.shape
-    assert torch.equal(part[:, keep], full[:, keep])
+    # the same products, but PyTorch's float32 GEMM may sum a 6-row head in another order
+    # than the 97-row one (last bits differ on an AVX2 EPYC, not on AVX-512 Xeons)
+    torch.testing.assert_close(part[:, keep], full[:, keep], rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(part[:, keep], full[:, [1, 6, 16, 19, 61, 95]], atol=1e-3)
     dropped = torch.ones(full.shape[-1], dtype=torch.bool)
     dropped[keep] = False
     assert torch.isinf(part[:, dropped]).all() and (part[:, dropped] < 0).all()

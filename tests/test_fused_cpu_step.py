@@ -68,7 +68,8 @@ def test_the_plan_gives_the_module_trees_bits(kind, dtype, monkeypatch):
     assert direct == (int8_kernel() == "records")
 
 
-@pytest.mark.skipif(not kquant_records(), reason="no AVX-512 VNNI on this CPU: no K-quant records")
+@pytest.mark.skipif(not kquant_records(),
+                    reason="neither AVX-512 VNNI nor AVX2 on this CPU: no K-quant records")
 def test_a_draft_of_half_records_takes_direct_calls_with_the_same_bits(monkeypatch):
     """q4-draft requantises every matrix to Q4_K records, here 64 and 128 wide: half
     records, each block's products one direct kernel call."""

@@ -19,7 +19,7 @@ from test_quant import gguf_model, quantised
 from test_speculative import prompts, run
 
 from draftsman.errors import DraftsmanError
-from draftsman.kernels.native import kquant_records
+from draftsman.kernels.native import byte_records
 from draftsman.models import weight_formats
 from draftsman.models.int8_linear import Int8Matrix, OneDnnInt8Matrix, int8_rows
 from draftsman.proposers.prompt_lookup import PromptLookupProposer
@@ -115,19 +115,19 @@ def test_kernel_choice_is_declared_and_overridable(monkeypatch):
     monkeypatch.setenv("DRAFTSMAN_INT8_KERNEL", "mkl")
     with pytest.raises(DraftsmanError, match="onednn or packed"):
         weight_formats.int8_kernel()
-    if kquant_records():
+    if byte_records():
         monkeypatch.setenv("DRAFTSMAN_INT8_KERNEL", "records")
         assert weight_formats.int8_kernel() == "records"
     monkeypatch.delenv("DRAFTSMAN_INT8_KERNEL")
     # the records kernel where it runs (AVX-512 VNNI, AMX or not: measured faster than
     # oneDNN's tiles up to 16 rows), else oneDNN where the CPU has an int8 dot product
-    want = ("records" if kquant_records()
+    want = ("records" if byte_records()
             else "onednn" if weight_formats.has_int8_dot() else "packed")
     assert weight_formats.int8_kernel() == want
 
 
 def test_records_are_refused_in_one_line_where_they_cannot_run(monkeypatch):
-    monkeypatch.setattr("draftsman.kernels.native.kquant_records", lambda: False)
+    monkeypatch.setattr("draftsman.kernels.native.byte_records", lambda: False)
     monkeypatch.setenv("DRAFTSMAN_INT8_KERNEL", "records")
     with pytest.raises(DraftsmanError, match="no AVX-512 VNNI records kernel"):
         weight_formats.int8_kernel()

@@ -145,8 +145,8 @@ def test_fake_kernel_gives_the_real_shape_and_dtype():
 
 
 records = pytest.mark.skipif(not kquant_records(),
-                             reason="no AVX-512 VNNI on this CPU: no K-quant records")
-# the records' two paths: VNNI vectors (every CPU with records), AMX tiles from 6 rows
+                             reason="neither AVX-512 VNNI nor AVX2 on this CPU: no K-quant records")
+# the records' two paths: vectors (VNNI or AVX2, every CPU with records), AMX tiles from 16 rows
 PATHS = [pytest.param(False, id="vectors"),
          pytest.param(True, id="tiles", marks=pytest.mark.skipif(
              not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)"))]

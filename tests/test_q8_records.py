@@ -21,13 +21,13 @@ from test_int8_onednn import (
 from test_kquant_kernel import assert_batch_invariant
 from test_quant import random_blocks
 
-from draftsman.kernels.native import kquant_records
+from draftsman.kernels.native import byte_records
 from draftsman.models.int8_linear import TYPE_I8_ROW, Int8RecordsMatrix, int8_rows
 from draftsman.models.q8_blocks import q8_0_from_blocks
 from draftsman.models.quant_linear import dequantize_rows
 from draftsman.store.gguf_blocks import BlockTensor
 
-records = pytest.mark.skipif(not kquant_records(),
+records = pytest.mark.skipif(not byte_records(),
                              reason="no AVX-512 VNNI on this CPU: no Q8_0 records")
 
 

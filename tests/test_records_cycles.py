@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from draftsman.kernels.native import kquant_available, kquant_records
+from draftsman.kernels.native import records_isa
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "records_cycles.py"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (kquant_available() and kquant_records()),
-                    reason="needs the K-quant records (AVX-512 VNNI)")
+@pytest.mark.skipif(records_isa() != "avx512vnni",
+                    reason="needs the K-quant records on AVX-512 VNNI")
 def test_it_builds_and_counts_every_row_count_from_l2_and_memory():
     run = subprocess.run([sys.executable, str(SCRIPT), "--qtypes", "q4_k", "--rows", "1,3",
                           "--threads", "1", "--repeats", "1"], capture_output=True, text=True,

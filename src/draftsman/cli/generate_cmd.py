@@ -19,6 +19,7 @@ from draftsman.kernels.native import (
     kquant_available,
     kquant_isa,
     kquant_records,
+    records_isa,
     unavailable_reason,
 )
 from draftsman.models.static_step import StaticConfig
@@ -182,7 +183,9 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
         print(f"weights: {paths}", file=sys.stderr)
         if any(k.endswith("kernel (as stored)") for k in summary):
             path = ("records of 16 rows on AMX-INT8 tiles" if kquant_amx() else
-                    "records of 16 rows on AVX-512 VNNI" if kquant_records() else kquant_isa())
+                    "records of 16 rows on "
+                    + ("AVX-512 VNNI" if records_isa() == "avx512vnni" else "AVX2")
+                    if kquant_records() else kquant_isa())
             print(f"kernel: K-quant blocks on {path}", file=sys.stderr)
         if any("int8 per row" in k or "Q8_0 records" in k for k in summary):
             print(f"kernel: 8-bit matrices on {INT8_KERNEL_NAMES[int8_kernel()]}",

@@ -39,6 +39,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kquant_records_avx2.h"
 #include "kquant_records_parts.h"
 #include "q8_records.h"
 
@@ -569,16 +570,35 @@ bool amx_available() {
 #endif
 }
 
-bool records_available() { return DRAFTSMAN_RECORDS != 0; }
+// Whether Q4_K and Q6_K records run here: AVX-512 VNNI (gguf_matmul_records.cpp) or AVX2
+// alone (kquant_records_avx2.h).
+bool records_available() { return DRAFTSMAN_RECORDS != 0 || DRAFTSMAN_RECORDS_AVX2 != 0; }
+
+// Whether the 8-bit records (Q8_0 blocks, int8 rows) run here: AVX-512 VNNI only (AVX2's
+// vpmaddubsw would saturate on their unsigned bytes x activations).
+bool byte_records_available() { return DRAFTSMAN_RECORDS != 0; }
+
+// Row r's n <= 16 sums of one group into y (floats, or bf16 rounded once as c10 rounds)
+inline void store_row(const float* acc, int cols, float* yf, c10::BFloat16* yb) {
+  for (int c = 0; c < cols; ++c) {
+    if (yb) {
+      yb[c] = c10::BFloat16(acc[c]);
+    } else {
+      yf[c] = acc[c];
+    }
+  }
+}
 
 // y[:, col:col + n] = x W^T into y [M, >= col + n] (rows y.size(1) apart), in x's dtype.
 // tiles: whether 6 or more rows take AMX tiles (false: vectors only, as a CPU without AMX)
 void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
                          bool use_tiles, at::Tensor& y, int64_t col) {
-  TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has no AVX-512 VNNI");
+  TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has neither AVX-512 VNNI nor AVX2");
   TORCH_CHECK(!use_tiles || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
   TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0 || qtype == TYPE_I8_ROW,
               draftsman_msg::text("kquant_records_mm: qtype must be Q4_K, Q6_K, Q8_0 or int8 rows (", TYPE_I8_ROW, ")"));
+  TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || byte_records_available(),
+              "kquant_records_mm: 8-bit records need AVX-512 VNNI; this build has the AVX2 K-quant records only");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.dim() == 2 && (bf16 || x.scalar_type() == at::kFloat) && x.is_contiguous(),
               "kquant_records_mm: x must be a contiguous float32 or bfloat16 [M, K] tensor");
@@ -654,6 +674,31 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
     if (tiles) _tile_release();
 #endif
   });
+#elif DRAFTSMAN_RECORDS_AVX2
+  // the same work split and activation layout as above, on AVX2 vectors (no tiles)
+  (void)use_tiles;
+  const bool by_block = m > TILE_ROWS;
+  thread_local std::vector<Q8Block> xs;
+  quantize_rows_into(x, m, nb, by_block, xs);
+  const Q8Block* xdata = xs.data();
+  const int64_t row_step = by_block ? 1 : nb, block_step = by_block ? m : 1;
+  float* yf = bf16 ? nullptr : y.data_ptr<float>() + col;
+  c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() + col : nullptr;
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> acc;
+    if (static_cast<int64_t>(acc.size()) < m * COLS) acc.resize(static_cast<size_t>(m * COLS));
+    for (int64_t g = begin; g < end; ++g) {
+      const int cols = static_cast<int>(std::min<int64_t>(COLS, n - g * COLS));
+      std::fill(acc.begin(), acc.begin() + m * COLS, 0.f);
+      draftsman_avx2_records::group(wp + g * packed.size(1), qtype, xdata, nb, half, row_step, block_step,
+                                    static_cast<int>(m), acc.data());
+      for (int64_t r = 0; r < m; ++r) {
+        store_row(acc.data() + COLS * r, cols, yf ? yf + r * ldy + g * COLS : nullptr,
+                  yb ? yb + r * ldy + g * COLS : nullptr);
+      }
+    }
+  });
 #endif
 }
 
@@ -687,5 +732,13 @@ TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
 // Whether K-quant matrices can run on AMX tiles here: built with AMX-INT8 and granted by Linux.
 extern "C" int draftsman_kquant_amx() { return amx_available() ? 1 : 0; }
 
-// Whether they can run on records at all here: built with AVX-512 VNNI.
+// Whether Q4_K / Q6_K matrices can run on records here: built with AVX-512 VNNI or AVX2.
 extern "C" int draftsman_kquant_records() { return records_available() ? 1 : 0; }
+
+// Whether 8-bit matrices (Q8_0 blocks, int8 rows) can run on records here: AVX-512 VNNI.
+extern "C" int draftsman_byte_records() { return byte_records_available() ? 1 : 0; }
+
+// The vectors the records run on here: "avx512vnni", "avx2", or "" (none).
+extern "C" const char* draftsman_records_isa() {
+  return DRAFTSMAN_RECORDS ? "avx512vnni" : DRAFTSMAN_RECORDS_AVX2 ? "avx2" : "";
+}

@@ -32,7 +32,8 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in
                  "attention_amx.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
-                 "simd_math.h", "attention_amx.h", "q8_records.h", "check_message.h"))
+                 "simd_math.h", "attention_amx.h", "q8_records.h", "check_message.h",
+                 "kquant_records_avx2.h"))
 _reason: list[str] = []
 
 
@@ -166,15 +167,42 @@ def simd_built() -> bool:
 
 @cache
 def kquant_records() -> bool:
-    """Whether K-quant matrices run repacked into records of 16 weight rows here
-    (`draftsman::kquant_records_mm`): the build has AVX-512 VNNI (every activation row meets
-    a record's 16 columns in vector lanes; AMX tiles besides where `kquant_amx`).
+    """Whether Q4_K and Q6_K matrices run repacked into records of 16 weight rows here
+    (`draftsman::kquant_records_mm`): the build has AVX-512 VNNI (vpdpbusd, AMX tiles besides
+    where `kquant_amx`) or AVX2 alone (vpmaddubsw, kernels/kquant_records_avx2.h); either way
+    every activation row meets a record's columns in vector lanes.
     DRAFTSMAN_KQUANT_RECORDS=0 turns it off (to measure the per-row paths on the same CPU)."""
     if os.environ.get("DRAFTSMAN_KQUANT_RECORDS", "1") == "0" or not kquant_available():
         return False
     import ctypes
 
     return bool(ctypes.CDLL(str(library_path())).draftsman_kquant_records())
+
+
+@cache
+def records_isa() -> str:
+    """The vectors K-quant records run on here: "avx512vnni" (vpdpbusd, 16 columns an
+    instruction; AMX tiles besides where `kquant_amx`), "avx2" (vpmaddubsw, 8 columns), or
+    "" where they do not run (`kquant_records` False)."""
+    if not kquant_records():
+        return ""
+    import ctypes
+
+    lib = ctypes.CDLL(str(library_path()))
+    lib.draftsman_records_isa.restype = ctypes.c_char_p
+    return lib.draftsman_records_isa().decode()
+
+
+@cache
+def byte_records() -> bool:
+    """Whether 8-bit matrices (Q8_0 blocks, int8 rows) run on records here: K-quant records
+    on AVX-512 VNNI (the AVX2 records take Q4_K and Q6_K only). DRAFTSMAN_KQUANT_RECORDS=0
+    turns them off with the rest."""
+    if not kquant_records():
+        return False
+    import ctypes
+
+    return bool(ctypes.CDLL(str(library_path())).draftsman_byte_records())
 
 
 @cache

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from draftsman.errors import UnsupportedError
-from draftsman.kernels.native import kquant_records
+from draftsman.kernels.native import byte_records
 from draftsman.models.weight_formats import activation_bits
 
 TYPE_I8_ROW = 1000  # the records kernel's code for int8 rows (kernels/kquant_records.h)
@@ -112,7 +112,7 @@ class Int8RecordsMatrix(nn.Module):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        if not kquant_records():
+        if not byte_records():
             raise UnsupportedError("this process cannot run the int8 records (no AVX-512 VNNI)")
 
     def record_operands(self) -> tuple[torch.Tensor, int, int, bool]:

@@ -49,6 +49,7 @@ from torch import nn
 
 from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedError
 from draftsman.kernels.native import (
+    byte_records,
     kquant_amx,
     kquant_available,
     kquant_records,
@@ -181,8 +182,9 @@ class KQuantRecordsMatrix(nn.Module):
     """Q4_K, Q6_K or Q8_0 rows repacked once into records of 16
     (`draftsman::kquant_records_mm`, kernels/gguf_matmul_records.cpp): K-quants with the
     same integer sums as KQuantMatrix, each record read once for every activation row, 16
-    columns a vpdpbusd (AVX-512 VNNI) and, where `tiles` (AMX; not Q8_0), 16 rows x 16
-    columns x 64 k a tile multiply, so verifying many rows costs little more than one.
+    columns a vpdpbusd (AVX-512 VNNI; 8 a vpmaddubsw on AVX2 alone, Q4_K and Q6_K only) and,
+    where `tiles` (AMX; not Q8_0), 16 rows x 16 columns x 64 k a tile multiply, so verifying
+    many rows costs little more than one.
     Batch invariant like every kernel here. `width`: the matrix's own K where its blocks are
     zero-padded past it (a width ending within 128 of a block's start packs a half last
     record, kernels/kquant_records.h; None: the blocks' width)."""
@@ -198,9 +200,10 @@ class KQuantRecordsMatrix(nn.Module):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        if not kquant_records() or (self.tiles and not kquant_amx()):
+        runs = byte_records() if self.qtype == Q8_0 else kquant_records()
+        if not runs or (self.tiles and not kquant_amx()):
             raise UnsupportedError("this process cannot run the K-quant records "
-                                   f"({'AMX tiles' if self.tiles else 'AVX-512 VNNI'} off)")
+                                   f"({'AMX tiles' if self.tiles else 'their vector path'} off)")
 
     def record_operands(self) -> tuple[torch.Tensor, int, int, bool]:
         """(packed, qtype, n, tiles): `kquant_records_mm`'s operands after x."""
@@ -227,9 +230,10 @@ def requantized_q4k(w: torch.Tensor) -> nn.Module:
 
 
 def kquant_matrix(blocks: list[BlockTensor], width: int | None = None) -> nn.Module:
-    """K-quant blocks repacked into records where this CPU has AVX-512 VNNI
+    """K-quant blocks repacked into records where this CPU has AVX-512 VNNI or AVX2
     (native.kquant_records; AMX tiles too where native.kquant_amx), else as the GGUF stores
-    them on the per-row paths (AVX2, scalar). `width`: as KQuantRecordsMatrix's."""
+    them on the per-row path (scalar, or DRAFTSMAN_KQUANT_RECORDS=0). `width`: as
+    KQuantRecordsMatrix's."""
     if kquant_records():
         return KQuantRecordsMatrix(blocks, width)
     return KQuantMatrix(blocks)
@@ -257,7 +261,7 @@ class Int4Matrix(nn.Module):
 
 def q8_records() -> bool:
     """Whether 8-bit matrices run on records here (weight_formats.int8_kernel)."""
-    return int8_kernel() == "records" and kquant_available() and kquant_records()
+    return int8_kernel() == "records" and kquant_available() and byte_records()
 
 
 def int8_matrix(w: torch.Tensor, dtype: torch.dtype) -> nn.Module:

@@ -127,18 +127,18 @@ def int8_kernel() -> str:
     draftsman's records kernel runs (AVX-512 VNNI, AMX or not), "onednn" where the CPU has
     another int8 dot product, "packed" elsewhere. DRAFTSMAN_INT8_KERNEL=records|onednn|packed
     overrides it (tests, profiles); "records" where it cannot run is refused in one line."""
-    from draftsman.kernels.native import kquant_records
+    from draftsman.kernels.native import byte_records
 
     forced = os.environ.get("DRAFTSMAN_INT8_KERNEL", "").strip()
     if forced:
         if forced not in INT8_KERNELS:
             raise DraftsmanError(f"DRAFTSMAN_INT8_KERNEL={forced!r}; choose records, onednn "
                                  "or packed")
-        if forced == "records" and not kquant_records():
+        if forced == "records" and not byte_records():
             raise DraftsmanError("DRAFTSMAN_INT8_KERNEL=records: this CPU or build has no "
                                  "AVX-512 VNNI records kernel")
         return forced
-    if kquant_records():
+    if byte_records():
         return "records"
     return "onednn" if has_int8_dot() else "packed"
 
