@@ -627,7 +627,10 @@ def test_load_50_requests_8_clients(slow_engine, model_dirs):
         forwards = sum(s["target_forwards"] for s in spec)
         assert total(m, "draftsman_tau", method="speculative") == pytest.approx(
             tokens / forwards)
-        assert total(m, "draftsman_tau", method="autoregressive") == pytest.approx(1.0)
+        # one token a forward, except that the batch scheduler reads a prompt in chunks
+        # (prefill_chunk) while others decode, a forward per chunk: whether that happens
+        # depends on timing (0.988 seen under a loaded full-suite run), never above 1
+        assert 0.8 < total(m, "draftsman_tau", method="autoregressive") <= 1.0
         # still serving
         r = client.completions.create(model=NAME, prompt="hello world", max_tokens=8,
                                       temperature=0)
