@@ -11,7 +11,8 @@ sweep streams the weights from memory, as a decode step does). Kernels are timed
 - kquant-q4k: draftsman's K-quant kernel on Q4_K blocks (where it builds), its widest vector
   path (`kquant_isa`); kquant-q4k-avx2 beside it where that is AVX-512, and the same blocks
   repacked into records of 16 rows where the CPU has AVX-512 VNNI or AVX2:
-  kquant-q4k-records (vectors) or, where it has AMX, kquant-q4k-amx (tiles from 16 rows);
+  kquant-q4k-records (vectors) or, where it has AMX, kquant-q4k-amx (tiles from the row count
+  kernels/tile_rows.py measured);
 - int8-records: onednn-int8's int8 rows and scales repacked into records of 16 rows
   (int8_linear.Int8RecordsMatrix, AVX-512 VNNI), activations in int8 per 256: q8's kernel
   there; q8_0-records: the same weights as Q8_0 blocks of 32 on records (the 0.5B's Q5_0 /

@@ -146,13 +146,15 @@ def test_fake_kernel_gives_the_real_shape_and_dtype():
 
 records = pytest.mark.skipif(not kquant_records(),
                              reason="neither AVX-512 VNNI nor AVX2 on this CPU: no K-quant records")
-# the records' two paths: vectors (VNNI or AVX2, every CPU with records), AMX tiles from 16 rows
-PATHS = [pytest.param(False, id="vectors"),
-         pytest.param(True, id="tiles", marks=pytest.mark.skipif(
-             not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)"))]
+# the records' paths by tile_rows: vectors (0: VNNI or AVX2, every CPU with records), AMX
+# tiles from 16 rows (int32 vectors below), tiles for every row count (1)
+NO_AMX = pytest.mark.skipif(not kquant_amx(),
+                            reason="no AMX-INT8 tiles on this CPU (or not granted)")
+PATHS = [pytest.param(0, id="vectors"), pytest.param(16, id="tiles", marks=NO_AMX),
+         pytest.param(1, id="all-tiles", marks=NO_AMX)]
 
 
-def records_mm(x: torch.Tensor, rows: np.ndarray, qtype: Q, tiles: bool) -> torch.Tensor:
+def records_mm(x: torch.Tensor, rows: np.ndarray, qtype: Q, tiles: int) -> torch.Tensor:
     packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(qtype))
     return torch.ops.draftsman.kquant_records_mm(x, packed, int(qtype), rows.shape[0], tiles)
 
@@ -196,7 +198,7 @@ def test_records_of_a_large_matrix_sit_on_huge_page_boundaries_and_compute_the_s
     packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(qtype))
     assert packed.numel() >= 2 << 20 and packed.data_ptr() % (2 << 20) == 0
     x = torch.randn(9, 4096)
-    got = torch.ops.draftsman.kquant_records_mm(x, packed, int(qtype), 1000, False)
+    got = torch.ops.draftsman.kquant_records_mm(x, packed, int(qtype), 1000, 0)
     slow = mm(x, rows, qtype, simd=0)
     torch.testing.assert_close(got, slow, rtol=1e-5, atol=1e-5 * float(slow.abs().max()))
     assert not packed[-1, 16:32].any()  # the f16 d of the 8 missing columns, first record
@@ -241,15 +243,26 @@ def test_half_record_rows_are_the_same_alone_in_any_batch_and_thread_count(tiles
         Q.Q4_K, (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=14)
 
 
-@pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")
+@NO_AMX
 @pytest.mark.parametrize("qtype", TYPES)
 def test_vector_passes_and_tiles_give_the_same_bits(qtype):
-    """A CPU without AMX computes what an AMX CPU computes, bit for bit."""
+    """A CPU without AMX computes what an AMX CPU computes, bit for bit, wherever the tiles
+    start (kernels/tile_rows.py chooses that per machine)."""
     rows = random_blocks(qtype, 40, 768, seed=10)
     x = torch.randn(21, 768)
-    for m in (6, 16, 21):
+    for m in (1, 3, 6, 9, 16, 21):
         xm = x[:m].contiguous()
-        assert torch.equal(records_mm(xm, rows, qtype, False), records_mm(xm, rows, qtype, True))
+        want = records_mm(xm, rows, qtype, 0)
+        for tile_rows in (1, 4, 8, 16, 17):
+            assert torch.equal(records_mm(xm, rows, qtype, tile_rows), want), (m, tile_rows)
+
+
+@records
+def test_a_negative_tile_row_count_is_a_one_line_error():
+    rows = torch.from_numpy(random_blocks(Q.Q4_K, 16, 256, seed=1))
+    packed = torch.ops.draftsman.kquant_pack_records(rows, int(Q.Q4_K))
+    with pytest.raises(RuntimeError, match="tile_rows must be 0"):
+        torch.ops.draftsman.kquant_records_mm(torch.randn(2, 256), packed, int(Q.Q4_K), 16, -1)
 
 
 @records

@@ -33,7 +33,7 @@ records = pytest.mark.skipif(not byte_records(),
 
 def q8_mm(x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
     packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(Q.Q8_0))
-    return torch.ops.draftsman.kquant_records_mm(x, packed, int(Q.Q8_0), rows.shape[0], False)
+    return torch.ops.draftsman.kquant_records_mm(x, packed, int(Q.Q8_0), rows.shape[0], 0)
 
 
 def i8_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -92,8 +92,8 @@ def test_8_bit_records_of_a_half_block_width_are_half_and_give_the_same_bits():
     for m in (1, 2, 5, 8, 9, 16, 17, 37):
         xm = x[:m].contiguous()
         for a, b, qtype in ((half, whole, int(Q.Q8_0)), (i8_half, i8_whole, TYPE_I8_ROW)):
-            assert torch.equal(torch.ops.draftsman.kquant_records_mm(xm, a, qtype, 40, False),
-                               torch.ops.draftsman.kquant_records_mm(xm, b, qtype, 40, False))
+            assert torch.equal(torch.ops.draftsman.kquant_records_mm(xm, a, qtype, 40, 0),
+                               torch.ops.draftsman.kquant_records_mm(xm, b, qtype, 40, 0))
 
 
 @records
@@ -106,7 +106,7 @@ def test_8_bit_half_record_rows_are_the_same_alone_in_any_batch_and_thread_count
     for packed, qtype in ((q8_half, int(Q.Q8_0)), (i8_half, TYPE_I8_ROW)):
         assert_batch_invariant(
             lambda x, rows, q, packed=packed, qtype=qtype: torch.ops.draftsman.kquant_records_mm(
-                x[:, :384].contiguous(), packed, qtype, 48, False),
+                x[:, :384].contiguous(), packed, qtype, 48, 0),
             Q.Q8_0, (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=15)
 
 
@@ -151,7 +151,7 @@ def test_int8_record_rows_are_the_same_alone_in_any_batch_and_thread_count():
     packed = Int8RecordsMatrix(w).packed
     assert_batch_invariant(
         lambda x, rows, q: torch.ops.draftsman.kquant_records_mm(x, packed, TYPE_I8_ROW, 48,
-                                                                 False),
+                                                                 0),
         Q.Q8_0, (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=6)
 
 

@@ -36,6 +36,7 @@ import torch
 
 from draftsman.errors import DraftsmanError
 from draftsman.hardware import cpu_flags, cpu_model
+from draftsman.kernels.random_blocks import random_block_rows
 from draftsman.models.base import DecoderLM
 from draftsman.models.config import ModelConfig
 from draftsman.models.loader import build_model
@@ -44,29 +45,7 @@ from draftsman.models.weight_formats import INT8_KERNEL_NAMES, int8_kernel
 from draftsman.store.gguf_blocks import BlockTensor
 
 TYPES_FILE = "gguf-types.json"
-# GGML type: (weights per block, bytes per block, offsets of its fp16 scales)
-LAYOUTS = {2: (32, 18, (0,)), 3: (32, 20, (0, 2)), 6: (32, 22, (0,)), 7: (32, 24, (0, 2)),
-           8: (32, 34, (0,)), 12: (256, 144, (0, 2)), 13: (256, 176, (0, 2)),
-           14: (256, 210, (208,))}
-FLOATS = {0: np.float32, 1: np.float16}
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-
-
-def random_block_rows(qtype: int, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """[n, bytes per row] of valid random blocks of `qtype`: random bytes, then fp16 scales
-    small enough that activations stay finite through a random model's layers."""
-    if qtype in FLOATS:
-        w = (rng.standard_normal((n, k), dtype=np.float32) * 0.02).astype(FLOATS[qtype])
-        return w.view(np.uint8).reshape(n, -1)
-    if qtype not in LAYOUTS:
-        raise ValueError(f"no random blocks for GGML type {qtype}")
-    width, size, scales = LAYOUTS[qtype]
-    rows = rng.integers(0, 256, (n, k // width, size), dtype=np.uint8)
-    for at in scales:
-        high = 2e-5 if qtype == 14 else 1.5e-4 if at == 0 else 2e-3
-        rows[..., at:at + 2] = (rng.uniform(0.5, 1, (n, k // width, 1)) * high).astype(
-            np.float16).view(np.uint8)
-    return rows.reshape(n, -1)
 
 
 def hf_shapes(like: Path) -> dict[str, tuple[int, ...]]:

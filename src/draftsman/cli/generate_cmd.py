@@ -22,6 +22,7 @@ from draftsman.kernels.native import (
     records_isa,
     unavailable_reason,
 )
+from draftsman.kernels.tile_rows import describe as tile_rows_line
 from draftsman.models.static_step import StaticConfig
 from draftsman.models.weight_formats import DTYPE_CHOICES, INT8_KERNEL_NAMES, int8_kernel
 from draftsman.sampling import SamplingConfig
@@ -182,7 +183,7 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
         paths = ", ".join(f"{n} {kind}" for kind, n in summary.items())
         print(f"weights: {paths}", file=sys.stderr)
         if any(k.endswith("kernel (as stored)") for k in summary):
-            path = ("records of 16 rows on AMX-INT8 tiles" if kquant_amx() else
+            path = (f"records of 16 rows, vectors and {tile_rows_line()}" if kquant_amx() else
                     "records of 16 rows on "
                     + ("AVX-512 VNNI" if records_isa() == "avx512vnni" else "AVX2")
                     if kquant_records() else kquant_isa())

@@ -49,13 +49,11 @@ using namespace draftsman_kquant;
 using namespace draftsman_amx;
 
 constexpr int TILE_ROWS = 16;  // activation rows per tile
-// Fewer rows than this take vpdpbusd instead of tiles (same exact sums). Once 6 (tiles were
-// faster from 6 rows on an AMX Xeon against the vectors of the time); since the vectors took
-// 8-row passes and embedded broadcasts they are faster to 8 rows and level at 16: on an
-// Emerald Rapids core with AMX, 2 threads, 24 Q4_K 8960 x 1536 matrices, tiles / vectors at
-// 8 rows 20.9 / 15.2 ms, at 16 28.3 / 28.5 (bench-results/host-amx-h200). Past 16 rows
-// (prefill, batched steps) the tiles take every whole tile.
-constexpr int MIN_TILE_ROWS = 16;
+// Where AMX runs, the caller says from how many rows the tiles take over from vpdpbusd (the
+// same exact sums either way): the crossing differs between AMX CPUs (tiles faster from 6
+// rows on one Xeon, from 16 on an Emerald Rapids core, bench-results/host-amx-h200), so
+// kernels/tile_rows.py measures it once per machine. Past 16 rows (prefill, batched steps)
+// the tiles take every whole tile.
 
 // f(std::integral_constant<int, R>{}) for R = rows, 1 <= rows <= MAX (MAX if more): one
 // instantiation of a vector path per row count.
@@ -193,7 +191,7 @@ inline void block_two_sums(const uint8_t* xq, int64_t xstride, const uint8_t (*b
   _tile_stored(1, cbuf[1], 64);
 }
 
-// One group of 16 Q4_K weight rows against `rows` >= MIN_TILE_ROWS activation rows from x
+// One group of 16 Q4_K weight rows against `rows` activation rows from x
 // (more than 16: padded with zero rows to whole tiles of 16): acc[m * 16 + c] += row m's
 // products for m < rows, c < 16. Each block is unpacked once and every tile of rows passes
 // it (a prompt's many tiles share the unpacking as the rows of one tile do).
@@ -545,19 +543,19 @@ void group_on_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, bool half,
   });
 }
 
-// The same on tiles where the model takes them (AMX, from MIN_TILE_ROWS rows), and there its
+// The same on tiles where the model takes them (AMX, from tile_rows > 0 rows), and there its
 // fewer rows' vectors add up in int32 as the tiles do (IntSum), so that a row's bits do not
 // depend on how many rows share the call; without tiles, in float (FloatSum, fewer uops).
 template <template <typename> class P>
 void group(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step, int64_t block_step,
-           int rows, bool use_tiles, float* acc) {
+           int rows, int64_t tile_rows, float* acc) {
 #if DRAFTSMAN_AMX
-  if (use_tiles) {
-    if (rows >= MIN_TILE_ROWS) return P<IntSum>::tiles(w, x, nb, half, row_step, block_step, rows, acc);
+  if (tile_rows > 0) {
+    if (rows >= tile_rows) return P<IntSum>::tiles(w, x, nb, half, row_step, block_step, rows, acc);
     return group_on_vectors<P<IntSum>>(w, x, nb, half, row_step, block_step, rows, acc);
   }
 #endif
-  (void)use_tiles;
+  (void)tile_rows;
   group_on_vectors<P<FloatSum>>(w, x, nb, half, row_step, block_step, rows, acc);
 }
 #endif
@@ -590,11 +588,13 @@ inline void store_row(const float* acc, int cols, float* yf, c10::BFloat16* yb) 
 }
 
 // y[:, col:col + n] = x W^T into y [M, >= col + n] (rows y.size(1) apart), in x's dtype.
-// tiles: whether 6 or more rows take AMX tiles (false: vectors only, as a CPU without AMX)
+// tile_rows: from how many rows Q4_K and Q6_K take AMX tiles (0: vectors only, as a CPU
+// without AMX; the bits are the same whatever it is, once it is not 0)
 void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
-                         bool use_tiles, at::Tensor& y, int64_t col) {
+                         int64_t tile_rows, at::Tensor& y, int64_t col) {
   TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has neither AVX-512 VNNI nor AVX2");
-  TORCH_CHECK(!use_tiles || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
+  TORCH_CHECK(tile_rows >= 0, "kquant_records_mm: tile_rows must be 0 (no tiles) or a row count");
+  TORCH_CHECK(tile_rows == 0 || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
   TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0 || qtype == TYPE_I8_ROW,
               draftsman_msg::text("kquant_records_mm: qtype must be Q4_K, Q6_K, Q8_0 or int8 rows (", TYPE_I8_ROW, ")"));
   TORCH_CHECK(qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || byte_records_available(),
@@ -623,9 +623,9 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
 #if DRAFTSMAN_RECORDS
   // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
   // 8-bit records: vectors only
-  const bool tiles = use_tiles && m >= MIN_TILE_ROWS && qtype != TYPE_Q8_0 && qtype != TYPE_I8_ROW;
+  const bool tiles = tile_rows > 0 && m >= tile_rows && qtype != TYPE_Q8_0 && qtype != TYPE_I8_ROW;
   const int64_t tiled = m > TILE_ROWS ? (m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : m;
-  [[maybe_unused]] const int tile_rows = static_cast<int>(std::min<int64_t>(m, TILE_ROWS));
+  [[maybe_unused]] const int tile_height = static_cast<int>(std::min<int64_t>(m, TILE_ROWS));
   // Many tiles: blocks laid out block-major (row m's block b at b * tiled + m), so that the
   // rows every tile reads for one block are one contiguous run the prefetcher follows;
   // row-major, a prompt's rows of a wide matrix (35 blocks of 292 bytes each) were hundreds
@@ -642,7 +642,7 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // passes each of its blocks as it is unpacked.
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
 #if DRAFTSMAN_AMX
-    if (tiles) configure_tiles(tile_rows);
+    if (tiles) configure_tiles(tile_height);
 #endif
     thread_local std::vector<float> buf;  // grows only, as xs; rows 64-byte aligned
     if (static_cast<int64_t>(buf.size()) < (tiled + 1) * COLS) buf.resize(static_cast<size_t>((tiled + 1) * COLS));
@@ -652,13 +652,13 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
       const uint8_t* wg = wp + g * packed.size(1);
       std::fill(acc, acc + tiled * COLS, 0.f);
       if (qtype == TYPE_Q4_K) {
-        group<Q4kPath>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), use_tiles, acc);
+        group<Q4kPath>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), tile_rows, acc);
       } else if (qtype == TYPE_Q8_0) {
         group_on_vectors<BytePath<Q8Scales>>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), acc);
       } else if (qtype == TYPE_I8_ROW) {
         group_on_vectors<BytePath<I8Scales>>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), acc);
       } else {
-        group<Q6kPath>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), use_tiles, acc);
+        group<Q6kPath>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), tile_rows, acc);
       }
       const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
       for (int64_t r = 0; r < m; ++r) {
@@ -676,7 +676,7 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
   });
 #elif DRAFTSMAN_RECORDS_AVX2
   // the same work split and activation layout as above, on AVX2 vectors (no tiles)
-  (void)use_tiles;
+  (void)tile_rows;
   const bool by_block = m > TILE_ROWS;
   thread_local std::vector<Q8Block> xs;
   quantize_rows_into(x, m, nb, by_block, xs);
@@ -703,25 +703,25 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
 }
 
 at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
-                             bool use_tiles) {
+                             int64_t tile_rows) {
   at::Tensor y = at::empty({x.size(0), n}, x.options());
-  kquant_records_into(x, packed, qtype, n, use_tiles, y, 0);
+  kquant_records_into(x, packed, qtype, n, tile_rows, y, 0);
   return y;
 }
 
 // The same into columns col..col + n - 1 of `out`: a fused projection's parts write their
 // columns in place instead of being concatenated (a copy of the whole output per call)
 void kquant_records_mm_out(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
-                           bool use_tiles, at::Tensor out, int64_t col) {
-  kquant_records_into(x, packed, qtype, n, use_tiles, out, col);
+                           int64_t tile_rows, at::Tensor out, int64_t col) {
+  kquant_records_into(x, packed, qtype, n, tile_rows, out, col);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
-  // tiles: whether 6 or more rows take AMX tiles (False: VNNI vectors, as without AMX)
-  m.def("kquant_records_mm(Tensor x, Tensor packed, int qtype, int n, bool tiles) -> Tensor");
-  m.def("kquant_records_mm_out(Tensor x, Tensor packed, int qtype, int n, bool tiles, Tensor(a!) out, int col) -> ()");
+  // tile_rows: from how many rows Q4_K / Q6_K take AMX tiles (0: vectors, as without AMX)
+  m.def("kquant_records_mm(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");
+  m.def("kquant_records_mm_out(Tensor x, Tensor packed, int qtype, int n, int tile_rows, Tensor(a!) out, int col) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {

@@ -119,7 +119,7 @@ def _load() -> bool:
     # shapes without running the kernel, for torch.compile's tracing
     torch.library.register_fake("draftsman::kquant_mm")(_kquant_mm_fake)
     torch.library.register_fake("draftsman::kquant_records_mm")(
-        lambda x, packed, qtype, n, tiles: x.new_empty((x.shape[0], n)))
+        lambda x, packed, qtype, n, tile_rows: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("draftsman::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
     torch.library.register_fake("draftsman::silu_mul")(
         lambda gu: gu.new_empty((gu.shape[0], gu.shape[1] // 2)))

@@ -115,9 +115,9 @@ class Int8RecordsMatrix(nn.Module):
         if not byte_records():
             raise UnsupportedError("this process cannot run the int8 records (no AVX-512 VNNI)")
 
-    def record_operands(self) -> tuple[torch.Tensor, int, int, bool]:
-        """(packed, qtype, n, tiles): `kquant_records_mm`'s operands after x (no tiles)."""
-        return self.packed, TYPE_I8_ROW, self.out_features, False
+    def record_operands(self) -> tuple[torch.Tensor, int, int, int]:
+        """(packed, qtype, n, tile_rows): `kquant_records_mm`'s operands after x (no tiles)."""
+        return self.packed, TYPE_I8_ROW, self.out_features, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in (torch.float32, torch.bfloat16):

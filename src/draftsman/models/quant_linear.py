@@ -55,6 +55,7 @@ from draftsman.kernels.native import (
     kquant_records,
     unavailable_reason,
 )
+from draftsman.kernels.tile_rows import tile_rows
 from draftsman.models.base import DecoderLM
 from draftsman.models.draft_vocab import VocabSubsetHead
 from draftsman.models.int8_linear import Int8Matrix, Int8RecordsMatrix, OneDnnInt8Matrix
@@ -205,9 +206,11 @@ class KQuantRecordsMatrix(nn.Module):
             raise UnsupportedError("this process cannot run the K-quant records "
                                    f"({'AMX tiles' if self.tiles else 'their vector path'} off)")
 
-    def record_operands(self) -> tuple[torch.Tensor, int, int, bool]:
-        """(packed, qtype, n, tiles): `kquant_records_mm`'s operands after x."""
-        return self.packed, self.qtype, self.out_features, self.tiles
+    def record_operands(self) -> tuple[torch.Tensor, int, int, int]:
+        """(packed, qtype, n, tile_rows): `kquant_records_mm`'s operands after x; tile_rows
+        the row count from which AMX tiles take over here (kernels/tile_rows.py), 0 none."""
+        tiles_from = tile_rows(self.qtype) if self.tiles else 0
+        return self.packed, self.qtype, self.out_features, tiles_from
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in (torch.float32, torch.bfloat16):
@@ -306,10 +309,10 @@ class QuantLinear(nn.Module):
                 or len(self.parts) != 1 or operands is None):
             return None
         bias, op = self.bias, torch.ops.draftsman.kquant_records_mm
-        packed, qtype, n, tiles = operands()
+        packed, qtype, n, tiles_from = operands()
         if bias is None:
-            return lambda x: op(x, packed, qtype, n, tiles)
-        return lambda x: op(x, packed, qtype, n, tiles).add_(bias)
+            return lambda x: op(x, packed, qtype, n, tiles_from)
+        return lambda x: op(x, packed, qtype, n, tiles_from).add_(bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
