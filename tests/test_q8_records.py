@@ -21,7 +21,7 @@ from test_int8_onednn import (
 from test_kquant_kernel import assert_batch_invariant
 from test_quant import random_blocks
 
-from draftsman.kernels.native import byte_records
+from draftsman.kernels.native import byte_records, kquant_amx
 from draftsman.models.int8_linear import TYPE_I8_ROW, Int8RecordsMatrix, int8_rows
 from draftsman.models.q8_blocks import q8_0_from_blocks
 from draftsman.models.quant_linear import dequantize_rows
@@ -145,14 +145,43 @@ def test_int8_records_compute_the_rows_weights(k):
         assert np.abs(got - want[:rows]).max() <= 1e-5 * np.abs(want[:rows]).max(), rows
 
 
+NO_AMX = pytest.mark.skipif(not kquant_amx(),
+                            reason="no AMX-INT8 tiles on this CPU (or not granted)")
+# int8 rows by tile_rows: vectors (0), AMX tiles for every row count (1), tiles from 16
+I8_PATHS = [pytest.param(0, id="vectors"), pytest.param(1, id="all-tiles", marks=NO_AMX),
+            pytest.param(16, id="tiles", marks=NO_AMX)]
+
+
 @records
-def test_int8_record_rows_are_the_same_alone_in_any_batch_and_thread_count():
+@pytest.mark.parametrize("tile_rows", I8_PATHS)
+def test_int8_record_rows_are_the_same_alone_in_any_batch_and_thread_count(tile_rows):
     w = torch.randn(48, 512)
     packed = Int8RecordsMatrix(w).packed
     assert_batch_invariant(
         lambda x, rows, q: torch.ops.draftsman.kquant_records_mm(x, packed, TYPE_I8_ROW, 48,
-                                                                 0),
+                                                                 tile_rows),
         Q.Q8_0, (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=6)
+
+
+@NO_AMX
+@records
+@pytest.mark.parametrize("k", [384, 512, 896])
+def test_int8_rows_on_tiles_give_the_vectors_bits(k):
+    """The tiles sum the same integer per record and row as the vectors (whole and half
+    records), so an AMX CPU computes what a VNNI CPU does, bit for bit, wherever the tiles
+    start; an outlier row and 40 columns (a short last group) included."""
+    packed = Int8RecordsMatrix(torch.randn(40, k) * torch.logspace(-2, 0, 40)[:, None]).packed
+    x = torch.randn(37, k)
+    x[3] *= 100
+    for m in (1, 2, 5, 9, 16, 17, 21, 37):
+        xm = x[:m].contiguous()
+        want = torch.ops.draftsman.kquant_records_mm(xm, packed, TYPE_I8_ROW, 40, 0)
+        for tile_rows in (1, 8, 16, 17):
+            got = torch.ops.draftsman.kquant_records_mm(xm, packed, TYPE_I8_ROW, 40, tile_rows)
+            assert torch.equal(got, want), (m, tile_rows)
+        xb = xm.bfloat16()
+        assert torch.equal(torch.ops.draftsman.kquant_records_mm(xb, packed, TYPE_I8_ROW, 40, 1),
+                           torch.ops.draftsman.kquant_records_mm(xb, packed, TYPE_I8_ROW, 40, 0))
 
 
 @records

@@ -416,6 +416,51 @@ inline const uint8_t* quants(const Q8Block* xb) {
   return reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q);
 }
 
+#if DRAFTSMAN_AMX
+// One group of 16 int8 rows (TYPE_I8_ROW) against `rows` activation rows on AMX-INT8 tiles.
+// Nothing to unpack: a record's weights (q + 128, each 64-byte line 4 k x 16 columns, two
+// blocks of 32 k = 16 lines) are already the B operand of a 64-k tile product, loaded from the
+// record itself. Per record and tile of rows, its PAIRS products sum C = sum_k x_q (q + 128);
+// each row adds both offsets, C + i8_offsets[0] + i8_offsets[1], the integer that the vector
+// path's two accumulators (q8_records.h) add up to, and the same float multiply-add follows:
+// the same bits alone, in any batch and on either path.
+void i8_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+                    int64_t block_step, int rows, float* acc) {
+  alignas(64) int32_t cbuf[TILE_ROWS * COLS];
+  const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
+  for (int64_t b = 0; b < nb; ++b) {
+    const bool last_half = half && b == nb - 1;
+    const int pairs = last_half ? HALF_PAIRS : 4;
+    RecordPrefetch ahead(w, record_bytes(TYPE_I8_ROW));
+    const I8Scales s(w);
+    for (int t = 0; t < ntiles; ++t) {
+      const Q8Block* xt = x + t * TILE_ROWS * row_step + b * block_step;
+      _tile_zero(0);
+      for (int p = 0; p < pairs; ++p) {
+        _tile_loadd(2, quants(xt) + 64 * p, xstride);
+        _tile_loadd(4, w + I8_OFF_Q + 1024 * p, 64);
+        _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
+      }
+      _tile_stored(0, cbuf, 64);
+      const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
+      for (int m = 0; m < tile_rows; ++m) {
+        if (m % 4 == 0) ahead.line();
+        const Q8Block& xb = xt[m * row_step];
+        // |C| <= 256 * 127 * 255 and the offsets cancel the 128s: exact in int32
+        const __m512i c = _mm512_add_epi32(_mm512_load_si512(cbuf + COLS * m),
+                                           _mm512_set1_epi32(xb.i8_offsets[0] + xb.i8_offsets[1]));
+        float* a = acc + COLS * (t * TILE_ROWS + m);
+        const __m512 dd = _mm512_mul_ps(s.d, _mm512_set1_ps(xb.d));
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(c), _mm512_loadu_ps(a)));
+      }
+    }
+    ahead.rest();
+    w += last_half ? half_record_bytes(TYPE_I8_ROW) : record_bytes(TYPE_I8_ROW);
+  }
+}
+#endif
+
 template <typename Sum>
 struct Q4kPath {
   static constexpr int BYTES = RECORD, HALF_BYTES = half_record_bytes(TYPE_Q4_K);
@@ -558,6 +603,16 @@ void group(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t ro
   (void)tile_rows;
   group_on_vectors<P<FloatSum>>(w, x, nb, half, row_step, block_step, rows, acc);
 }
+
+// int8 rows: on tiles where the caller asks (AMX, enough rows), else on vectors; the same bits.
+inline void i8_group(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+                     int64_t block_step, int rows, bool tiles, float* acc) {
+#if DRAFTSMAN_AMX
+  if (tiles) return i8_group_tiles(w, x, nb, half, row_step, block_step, rows, acc);
+#endif
+  (void)tiles;
+  group_on_vectors<BytePath<I8Scales>>(w, x, nb, half, row_step, block_step, rows, acc);
+}
 #endif
 
 bool amx_available() {
@@ -588,7 +643,7 @@ inline void store_row(const float* acc, int cols, float* yf, c10::BFloat16* yb) 
 }
 
 // y[:, col:col + n] = x W^T into y [M, >= col + n] (rows y.size(1) apart), in x's dtype.
-// tile_rows: from how many rows Q4_K and Q6_K take AMX tiles (0: vectors only, as a CPU
+// tile_rows: from how many rows Q4_K, Q6_K and int8 rows take AMX tiles (0: vectors only, as a CPU
 // without AMX; the bits are the same whatever it is, once it is not 0)
 void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
                          int64_t tile_rows, at::Tensor& y, int64_t col) {
@@ -623,7 +678,8 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
 #if DRAFTSMAN_RECORDS
   // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
   // 8-bit records: vectors only
-  const bool tiles = tile_rows > 0 && m >= tile_rows && qtype != TYPE_Q8_0 && qtype != TYPE_I8_ROW;
+  // Q8_0's per-block float scales do not fold into integer tiles: vectors only
+  const bool tiles = tile_rows > 0 && m >= tile_rows && qtype != TYPE_Q8_0;
   const int64_t tiled = m > TILE_ROWS ? (m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : m;
   [[maybe_unused]] const int tile_height = static_cast<int>(std::min<int64_t>(m, TILE_ROWS));
   // Many tiles: blocks laid out block-major (row m's block b at b * tiled + m), so that the
@@ -656,7 +712,7 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
       } else if (qtype == TYPE_Q8_0) {
         group_on_vectors<BytePath<Q8Scales>>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), acc);
       } else if (qtype == TYPE_I8_ROW) {
-        group_on_vectors<BytePath<I8Scales>>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), acc);
+        i8_group(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), tiles, acc);
       } else {
         group<Q6kPath>(wg, xdata, nb, half, row_step, block_step, static_cast<int>(m), tile_rows, acc);
       }
@@ -719,7 +775,7 @@ void kquant_records_mm_out(const at::Tensor& x, const at::Tensor& packed, int64_
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
-  // tile_rows: from how many rows Q4_K / Q6_K take AMX tiles (0: vectors, as without AMX)
+  // tile_rows: from how many rows Q4_K, Q6_K, int8 rows take AMX tiles (0: vectors, as without AMX)
   m.def("kquant_records_mm(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");
   m.def("kquant_records_mm_out(Tensor x, Tensor packed, int qtype, int n, int tile_rows, Tensor(a!) out, int col) -> ()");
 }

@@ -12,9 +12,10 @@
 // the whole record, C = sum_k x_q (q + 128) - 128 sum_k x_q = sum_k x_q q (|C| <= 256 * 128 *
 // 127 < 2^24, exact as a float), then acc = acc + (d[n] d_x[m]) C: per row and record 64
 // vpdpbusd and 3 other vector operations instead of Q8_0's 64 and 19.
-// Every row's arithmetic is its own, in a fixed order, on every CPU with the records (no tile
-// path: the per-block float scales do not fold into integer tiles), so a row's output is the
-// same alone or in any batch and thread count.
+// Every row's arithmetic is its own, in a fixed order, on every CPU with the records, so a
+// row's output is the same alone or in any batch and thread count. Q8_0 stays on vectors (its
+// per-block float scales do not fold into integer tiles); int8 rows take AMX tiles where the
+// caller asks (i8_group_tiles in gguf_matmul_records.cpp: the same integer, the same bits).
 #pragma once
 
 #include "kquant_records_parts.h"

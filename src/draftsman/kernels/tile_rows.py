@@ -1,11 +1,11 @@
 """From how many activation rows the K-quant records take AMX tiles here: measured, not assumed.
 
-On an AMX CPU a Q4_K or Q6_K product of few rows runs on `vpdpbusd` vectors and of many rows
-on AMX-INT8 tiles; both add the same integers in int32, so the bits do not depend on which
-ran and the choice is speed alone. Where the two cross differs between CPUs: tiles were
+On an AMX CPU a Q4_K, Q6_K or int8-row product of few rows runs on `vpdpbusd` vectors and of
+many rows on AMX-INT8 tiles; both add the same integers in int32, so the bits do not depend on
+which ran and the choice is speed alone. Where the two cross differs between CPUs: tiles were
 faster from 6 rows on one Xeon, from 16 on an Emerald Rapids core (bench-results/
 host-amx-h200), from 8-12 on another Xeon (bench-results/profile-amx). So on first use, per
-kernel build, CPU and thread count, one matrix of each type is timed on both paths at the
+kernel build, CPU and thread count, one matrix of each kind is timed on both paths at the
 row counts in ROWS, in turns, and the smallest count from which the tiles are never slower
 is kept in `$DRAFTSMAN_HOME/kernels/tile-rows-<build>-t<threads>.json` (about half a
 second, once). `DRAFTSMAN_KQUANT_TILE_ROWS=N` sets it by hand (no measurement).
@@ -30,6 +30,8 @@ from draftsman.store.home import draftsman_home
 
 ENV = "DRAFTSMAN_KQUANT_TILE_ROWS"
 Q4_K, Q6_K = 12, 14
+I8_ROW = 1000  # the records kernel's code for int8 rows with one scale each (kquant_records.h)
+TILED = (Q4_K, Q6_K, I8_ROW)  # Q8_0's per-block float scales keep it on vectors
 ROWS = (4, 6, 8, 10, 12, 14, 16)  # the tiles always take more than 16 rows
 SHAPE = (8960, 1536)  # the 1.5B's ffn_down width and gate width: ~8-11 MiB, past L2
 REPEATS = 9
@@ -60,8 +62,13 @@ def measure(qtype: int, repeats: int = REPEATS, seed: int = 0) -> Crossing:
     two paths alternating call by call so that a slow spell falls on both; keeps the fastest
     of `repeats` calls (the least disturbed)."""
     n, k = SHAPE
-    rows = torch.from_numpy(random_block_rows(qtype, n, k, np.random.default_rng(seed)))
-    packed = torch.ops.draftsman.kquant_pack_records(rows, qtype)
+    rng = np.random.default_rng(seed)
+    if qtype == I8_ROW:
+        q = torch.from_numpy(rng.integers(-127, 128, (n, k), dtype=np.int8))
+        packed = torch.ops.draftsman.int8_pack_records(q, torch.full((n,), 1e-3))
+    else:
+        rows = torch.from_numpy(random_block_rows(qtype, n, k, rng))
+        packed = torch.ops.draftsman.kquant_pack_records(rows, qtype)
     x = torch.randn(max(ROWS), k, generator=torch.Generator().manual_seed(seed))
     op = torch.ops.draftsman.kquant_records_mm
     best: dict[str, dict[int, float]] = {"vectors": {}, "tiles": {}}
@@ -96,10 +103,10 @@ def _measured(threads: int) -> dict[int, int]:
     path = cache_path(threads)
     try:
         saved = json.loads(path.read_text())
-        return {int(q): int(saved[str(q)]["tile_rows"]) for q in (Q4_K, Q6_K)}
+        return {int(q): int(saved[str(q)]["tile_rows"]) for q in TILED}
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none yet (or unreadable): measure
-    crossings = [measure(q) for q in (Q4_K, Q6_K)]
+    crossings = [measure(q) for q in TILED]
     record = {str(c.qtype): {"tile_rows": c.tile_rows, "vectors_s": c.vectors,
                              "tiles_s": c.tiles} for c in crossings}
     record["measured"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -112,9 +119,9 @@ def _measured(threads: int) -> dict[int, int]:
 
 def tile_rows(qtype: int) -> int:
     """`kquant_records_mm`'s tile_rows for a `qtype` matrix in this process: 0 where the
-    tiles do not run (no AMX, DRAFTSMAN_KQUANT_AMX=0, 8-bit records), else the row count from
+    tiles do not run (no AMX, DRAFTSMAN_KQUANT_AMX=0, Q8_0 records), else the row count from
     which they take over (the environment's, or this machine's measured crossing)."""
-    if qtype not in (Q4_K, Q6_K) or not kquant_amx():
+    if qtype not in TILED or not kquant_amx():
         return 0
     by_hand = _from_env()
     if by_hand is not None:
@@ -128,6 +135,6 @@ def describe() -> str:
         return "no AMX tiles"
     if _from_env() is not None:
         return f"AMX-INT8 tiles from {_from_env()} rows ({ENV})"
-    q4, q6 = tile_rows(Q4_K), tile_rows(Q6_K)
-    return (f"AMX-INT8 tiles from {q4} rows (Q4_K) and {q6} (Q6_K), measured on this machine "
-            f"({cache_path(torch.get_num_threads()).name})")
+    q4, q6, i8 = (tile_rows(q) for q in TILED)
+    return (f"AMX-INT8 tiles from {q4} rows (Q4_K), {q6} (Q6_K) and {i8} (int8 rows), "
+            f"measured on this machine ({cache_path(torch.get_num_threads()).name})")

@@ -12,9 +12,9 @@ from torch import nn
 
 from draftsman.errors import UnsupportedError
 from draftsman.kernels.native import byte_records
+from draftsman.kernels.tile_rows import I8_ROW as TYPE_I8_ROW
+from draftsman.kernels.tile_rows import tile_rows
 from draftsman.models.weight_formats import activation_bits
-
-TYPE_I8_ROW = 1000  # the records kernel's code for int8 rows (kernels/kquant_records.h)
 
 
 def int8_rows(w: torch.Tensor, dtype: torch.dtype = torch.float32
@@ -116,8 +116,9 @@ class Int8RecordsMatrix(nn.Module):
             raise UnsupportedError("this process cannot run the int8 records (no AVX-512 VNNI)")
 
     def record_operands(self) -> tuple[torch.Tensor, int, int, int]:
-        """(packed, qtype, n, tile_rows): `kquant_records_mm`'s operands after x (no tiles)."""
-        return self.packed, TYPE_I8_ROW, self.out_features, 0
+        """(packed, qtype, n, tile_rows): `kquant_records_mm`'s operands after x; AMX tiles
+        from tile_rows rows where this CPU has them (kernels/tile_rows.py), 0 none."""
+        return self.packed, TYPE_I8_ROW, self.out_features, tile_rows(TYPE_I8_ROW)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in (torch.float32, torch.bfloat16):
