@@ -35,9 +35,9 @@ def test_a_hand_set_row_count_is_checked(monkeypatch):
             tr._from_env()
 
 
-def test_eight_bit_records_never_take_tiles(monkeypatch):
+def test_q8_0_records_never_take_tiles(monkeypatch):
     monkeypatch.setenv(tr.ENV, "4")
-    assert tr.tile_rows(8) == 0  # Q8_0
+    assert tr.tile_rows(8) == 0  # Q8_0: per-32 float scales
 
 
 @pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")
@@ -49,7 +49,9 @@ def test_the_crossing_is_measured_once_and_kept(tmp_path, monkeypatch):
         got = tr.tile_rows(tr.Q4_K)
         saved = json.loads(tr.cache_path(tr.torch.get_num_threads()).read_text())
         assert got == saved[str(tr.Q4_K)]["tile_rows"] and 4 <= got <= 17
-        assert set(saved[str(tr.Q6_K)]["tiles_s"]) == {str(r) for r in tr.ROWS}
+        for qtype in tr.TILED:
+            assert set(saved[str(qtype)]["tiles_s"]) == {str(r) for r in tr.ROWS}
+            assert 4 <= saved[str(qtype)]["tile_rows"] <= 17
         tr._measured.cache_clear()  # a new process: read back, not measured again
         monkeypatch.setattr(tr, "measure", lambda *a, **k: pytest.fail("measured twice"))
         assert tr.tile_rows(tr.Q4_K) == got

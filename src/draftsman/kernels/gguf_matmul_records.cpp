@@ -445,7 +445,9 @@ void i8_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, i
       _tile_stored(0, cbuf, 64);
       const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
       for (int m = 0; m < tile_rows; ++m) {
-        if (m % 4 == 0) ahead.line();
+        // the record 8 ahead spread over the rows (4 lines a row: a tile of 16 rows issues
+        // the whole record), not one burst at its end that stalls on the fill buffers
+        for (int l = 0; l < 4; ++l) ahead.line();
         const Q8Block& xb = xt[m * row_step];
         // |C| <= 256 * 127 * 255 and the offsets cancel the 128s: exact in int32
         const __m512i c = _mm512_add_epi32(_mm512_load_si512(cbuf + COLS * m),
