@@ -1,4 +1,4 @@
-"""From how many activation rows the K-quant records take AMX tiles here: measured, not assumed.
+"""From how many activation rows the records kernel takes AMX tiles here: measured, not assumed.
 
 On an AMX CPU a Q4_K, Q6_K or int8-row product of few rows runs on `vpdpbusd` vectors and of
 many rows on AMX-INT8 tiles; both add the same integers in int32, so the bits do not depend on
@@ -7,8 +7,8 @@ faster from 6 rows on one Xeon, from 16 on an Emerald Rapids core (bench-results
 host-amx-h200), from 8-12 on another Xeon (bench-results/profile-amx). So on first use, per
 kernel build, CPU and thread count, one matrix of each kind is timed on both paths at the
 row counts in ROWS, in turns, and the smallest count from which the tiles are never slower
-is kept in `$DRAFTSMAN_HOME/kernels/tile-rows-<build>-t<threads>.json` (about half a
-second, once). `DRAFTSMAN_KQUANT_TILE_ROWS=N` sets it by hand (no measurement).
+is kept in `$DRAFTSMAN_HOME/kernels/tile-rows-<build>-t<threads>.json` (about 0.1 s a
+kind, once). `DRAFTSMAN_KQUANT_TILE_ROWS=N` sets it by hand (no measurement).
 """
 
 from __future__ import annotations
