@@ -11,7 +11,8 @@ from gguf.constants import GGMLQuantizationType as Q
 from test_quant import gguf_model, make_blocks, quantised
 from tiny import tiny_pair
 
-from draftsman.kernels.native import kquant_available, kquant_records
+from draftsman.kernels.native import attention_amx, kquant_available, kquant_records
+from draftsman.models import base
 from draftsman.models.fused_cpu_step import FusedCpuStep
 from draftsman.models.quant_linear import quantize_model
 from draftsman.models.weight_formats import int8_kernel
@@ -29,7 +30,8 @@ def steps(model, use_plan: bool, monkeypatch) -> tuple[list[torch.Tensor], torch
         cache = model.new_cache(64)
         out = []
         ids = torch.arange(3, 23)[None] % model.config.vocab_size
-        out.append(model(ids, torch.arange(20)[None], cache).logits)  # 20 rows: SDPA, no plan
+        # 20 rows: SDPA and no plan, except bf16 on AMX-BF16 tiles (base.attention_rows)
+        out.append(model(ids, torch.arange(20)[None], cache).logits)
         out.append(model(torch.tensor([[7]]), torch.tensor([[20]]), cache).logits)
         tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
                              [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool)
@@ -116,3 +118,49 @@ def test_models_with_q_k_norms_keep_the_module_tree():
     assert isinstance(llama.fused_step(x, ctx, cache, 1), FusedCpuStep)
     assert llama.fused_step(x, ctx, cache, 17) is None  # past the short-attention rows
     assert llama.fused_step(x.bfloat16(), ctx, cache, 1) is None  # not the model's dtype
+
+
+def test_attention_stays_fused_past_16_rows_only_for_bf16_on_amx_tiles(monkeypatch):
+    monkeypatch.setattr(base, "attention_amx", lambda: True)
+    assert base.attention_rows(True, torch.bfloat16) == base.AMX_ATTENTION_ROWS > 16
+    assert (base.attention_rows(True, torch.float32) == base.attention_rows(False, torch.bfloat16)
+            == base.MATMUL_ATTENTION_ROWS == 16)
+    monkeypatch.setattr(base, "attention_amx", lambda: False)
+    assert base.attention_rows(True, torch.bfloat16) == base.MATMUL_ATTENTION_ROWS
+
+
+@pytest.mark.skipif(not attention_amx(), reason="no AMX-BF16 attention on this CPU")
+def test_a_bf16_verify_past_16_rows_takes_the_fused_attention_and_agrees_with_sdpa(monkeypatch):
+    """40 new rows under a tree-like mask after 20 cached: one fused call a layer (the plan),
+    close to the same forward on SDPA (the fused ops off), the same argmax; each row its own
+    (rows 0..39 alone in pieces of 16, 16 and 8 give the same bits)."""
+    config, state, blocks = gguf_model("qwen2")
+    model = quantised(config, state, blocks, "q4", torch.bfloat16)
+    ids = torch.arange(3, 63)[None] % config.vocab_size
+    mask = torch.ones(40, 60, dtype=torch.bool)  # the 20 cached tokens visible to all
+    mask[:, 20:] = torch.tril(mask[:, 20:])
+    mask[20:, 30:40] = False  # a second branch: rows 20.. skip rows 10..19
+
+    def verify(fused: bool, pieces=(40,)) -> torch.Tensor:
+        model.use_fused_cpu_ops(fused)
+        cache = model.new_cache(64)
+        model(ids[:, :20], torch.arange(20)[None], cache)
+        out, at = [], 0
+        for n in pieces:
+            sub = mask[None, at:at + n, :20 + at + n]
+            out.append(model(ids[:, 20 + at:20 + at + n], torch.arange(20 + at, 20 + at + n)[None],
+                             cache, mask=sub, start=20 + at).logits)
+            at += n
+        return torch.cat(out, dim=1).float()
+
+    calls = []
+    real = model.new_cache(1).__class__.write_rotated_and_attend
+    monkeypatch.setattr(type(model.new_cache(1)), "write_rotated_and_attend",
+                        lambda self, *a: calls.append(a[2].shape[1]) or real(self, *a))
+    fused = verify(True)
+    assert calls and set(calls[-len(model.layers):]) == {40}
+    assert torch.equal(verify(True, (16, 16, 8)), fused)
+    sdpa = verify(False)
+    model.use_fused_cpu_ops(True)
+    torch.testing.assert_close(fused, sdpa, rtol=0.05, atol=0.05 * float(sdpa.abs().max()))
+    assert torch.equal(fused.argmax(-1), sdpa.argmax(-1))

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from draftsman.errors import UnsupportedError
-from draftsman.kernels.native import kquant_available, unavailable_reason
+from draftsman.kernels.native import attention_amx, kquant_available, unavailable_reason
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.protocol import Capabilities
@@ -32,6 +32,7 @@ ALL = slice(None)
 LAST = slice(-1, None)
 CACHED_MASK_ROWS = 64  # verify/draft batches; a long prefill's mask is built once per request
 MATMUL_ATTENTION_ROWS = 16  # up to this many new tokens, CPU attention skips SDPA (see below)
+AMX_ATTENTION_ROWS = 64  # the same where the fused op runs on AMX-BF16 tiles (attention_rows)
 
 # Without AVX-512 BF16, PyTorch's CPU bf16 matmul has no native dot product and its cost grows
 # linearly with the rows: a 128-token prefill costs 4x the same matmul done in float32 on
@@ -120,7 +121,20 @@ def additive_mask(mask: torch.Tensor) -> torch.Tensor:
     return bias.masked_fill_(~mask, float("-inf"))
 
 
-def uses_matmul_attention(rows: int, device: torch.device) -> bool:
+def attention_rows(fused: bool, dtype: torch.dtype) -> int:
+    """Up to how many new rows CPU attention skips SDPA: MATMUL_ATTENTION_ROWS, or
+    AMX_ATTENTION_ROWS where the fused op takes bf16 rows on AMX-BF16 tiles (a declared
+    capability, native.attention_amx): there the 1.5B q4 forward of 17-48 rows was 5-15%
+    cheaper than with SDPA (bench-results/profile-amx), while on vectors a long prefill
+    chunk is cheaper on SDPA. Each row's result is its own either way (the op's tasks take
+    16 rows, a row's padding the same whatever the others)."""
+    if fused and dtype == torch.bfloat16 and attention_amx():
+        return AMX_ATTENTION_ROWS
+    return MATMUL_ATTENTION_ROWS
+
+
+def uses_matmul_attention(rows: int, device: torch.device,
+                          limit: int = MATMUL_ATTENTION_ROWS) -> bool:
     """Whether `cached_attention` over `rows` new tokens takes `matmul_attention`.
 
     On the CPU, SDPA's flash kernel costs 100-200 us per call whatever the work, and in bf16
@@ -131,7 +145,7 @@ def uses_matmul_attention(rows: int, device: torch.device) -> bool:
     (T = 4, 16) the bits of one-token decodes, which SDPA did not (an argmax differed at
     T = 16); BLAS does not promise this for every shape.
     """
-    return device.type == "cpu" and rows <= MATMUL_ATTENTION_ROWS
+    return device.type == "cpu" and rows <= limit
 
 
 def growing_attention(device: torch.device) -> contextlib.AbstractContextManager:
@@ -185,7 +199,7 @@ def cached_attention(
     `fused` computes it in one call to draftsman's own CPU kernel (kernels/attention_ops.cpp,
     float32 within, each query row on its own) instead of ~15 PyTorch operators."""
     keys, values = cache.write(layer, start, k, v)  # [B, Hkv, start+T, D]
-    if uses_matmul_attention(q.shape[2], q.device):
+    if uses_matmul_attention(q.shape[2], q.device, attention_rows(fused, q.dtype)):
         if fused:
             bias = additive_mask(mask) if mask is not None and mask.dtype == torch.bool else mask
             return torch.ops.draftsman.short_attention(q, keys, values, bias,
@@ -256,7 +270,7 @@ class DecoderLM(nn.Module):
 
     def use_fused_cpu_ops(self, on: bool = True) -> None:
         """Run the small ops of a step (RMSNorm, SwiGLU's silu * up, attention over up to
-        MATMUL_ATTENTION_ROWS new rows) as one call each to draftsman's own CPU kernels
+        `attention_rows()` new rows) as one call each to draftsman's own CPU kernels
         (kernels/decode_ops.cpp, attention_ops.cpp) instead of several PyTorch operators.
         They are batch invariant like the PyTorch path but round attention differently, so a
         model keeps one choice for its whole life; `quantize_model` takes them where they
@@ -267,6 +281,10 @@ class DecoderLM(nn.Module):
         for module in self.modules():
             if hasattr(module, "fused_cpu_ops"):
                 module.fused_cpu_ops = on
+
+    def attention_rows(self) -> int:
+        """Up to how many new rows this model's CPU attention skips SDPA (`attention_rows`)."""
+        return attention_rows(self.fused_cpu_ops, self.dtype)
 
     def new_cache(self, capacity: int, batch: int = 1) -> KVCache:
         c = self.config
@@ -325,7 +343,7 @@ class DecoderLM(nn.Module):
             x = hidden_from
         attn_mask = attention_mask(
             start, length, mask, x.device, positions, self.config.sliding_window,
-            additive=uses_matmul_attention(length, x.device),
+            additive=uses_matmul_attention(length, x.device, self.attention_rows()),
         )
         ctx = self.layer_context(positions)
         step = self.fused_step(x, ctx, cache, length)
@@ -355,7 +373,8 @@ class DecoderLM(nn.Module):
         # each segment's mask exactly as a forward of that sequence alone builds it
         masks = [attention_mask(seg.start, seg.rows, seg.mask, device, pos,
                                 self.config.sliding_window,
-                                additive=uses_matmul_attention(seg.rows, device))
+                                additive=uses_matmul_attention(seg.rows, device,
+                                                               self.attention_rows()))
                  for seg, pos in zip(caches.segments, caches.split(positions), strict=True)]
         ctx = self.layer_context(positions)
         with growing_attention(device):

@@ -11,7 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsman.models.base import DecoderLM, Linear, cached_attention, uses_matmul_attention
+from draftsman.models.base import (
+    DecoderLM,
+    Linear,
+    additive_mask,
+    attention_rows,
+    cached_attention,
+    uses_matmul_attention,
+)
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.fused_cpu_step import FusedCpuStep
@@ -71,9 +78,11 @@ class Attention(nn.Module):
         # one call for RoPE, the cache write and attention, on a KVCache's contiguous slots
         # (a static step's SlotWriter takes the path below); the mask is additive there
         if (self.fused_cpu_ops and self.q_norm is None and cos.shape[0] == b
-                and isinstance(cache, KVCache) and uses_matmul_attention(t, qkv.device)):
+                and isinstance(cache, KVCache)
+                and uses_matmul_attention(t, qkv.device, attention_rows(True, qkv.dtype))):
+            bias = additive_mask(mask) if mask is not None and mask.dtype == torch.bool else mask
             return cache.write_rotated_and_attend(layer, start, qkv.contiguous(), cos, sin,
-                                                  mask, nq, nkv)
+                                                  bias, nq, nkv)
         if self.q_norm is None:  # q and k heads side by side: one rotation for both
             qk = apply_rotary(qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), cos, sin)
             q, k = qk.split((nq, nkv), dim=2)
@@ -143,7 +152,8 @@ class LlamaModel(DecoderLM):
         # would not
         if not (self.fused_cpu_ops and x.is_cpu and x.dtype == self.dtype
                 and not self.config.qk_norm and isinstance(cache, KVCache)
-                and cos.shape[0] == x.shape[0] and uses_matmul_attention(rows, x.device)):
+                and cos.shape[0] == x.shape[0]
+                and uses_matmul_attention(rows, x.device, self.attention_rows())):
             return None
         if self._fused_cpu_step is None or not self._fused_cpu_step.matches(self.layers):
             self._fused_cpu_step = FusedCpuStep(self.layers, self.dtype)
