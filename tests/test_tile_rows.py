@@ -7,13 +7,14 @@ import pytest
 
 from draftsman.errors import InvalidArgumentError
 from draftsman.kernels import tile_rows as tr
+from draftsman.kernels.block_types import GGMLType
 from draftsman.kernels.native import kquant_amx
 
 
 def crossing(tiles_faster_at: set[int]) -> tr.Crossing:
     vectors = {r: 1e-3 * r for r in tr.ROWS}
     tiles = {r: vectors[r] * (0.9 if r in tiles_faster_at else 1.1) for r in tr.ROWS}
-    return tr.Crossing(tr.Q4_K, vectors, tiles)
+    return tr.Crossing(GGMLType.Q4_K, vectors, tiles)
 
 
 def test_the_tiles_start_where_they_stay_no_slower():
@@ -46,21 +47,29 @@ def test_the_crossing_is_measured_once_and_kept(tmp_path, monkeypatch):
     monkeypatch.delenv(tr.ENV, raising=False)
     tr._measured.cache_clear()
     try:
-        got = tr.tile_rows(tr.Q4_K)
+        got = tr.tile_rows(GGMLType.Q4_K)
         saved = json.loads(tr.cache_path(tr.torch.get_num_threads()).read_text())
-        assert got == saved[str(tr.Q4_K)]["tile_rows"] and 4 <= got <= 17
+        assert got == saved[str(GGMLType.Q4_K)]["tile_rows"] and 4 <= got <= 17
         for qtype in tr.TILED:
             assert set(saved[str(qtype)]["tiles_s"]) == {str(r) for r in tr.ROWS}
             assert 4 <= saved[str(qtype)]["tile_rows"] <= 17
         tr._measured.cache_clear()  # a new process: read back, not measured again
         monkeypatch.setattr(tr, "measure", lambda *a, **k: pytest.fail("measured twice"))
-        assert tr.tile_rows(tr.Q4_K) == got
+        assert tr.tile_rows(GGMLType.Q4_K) == got
         monkeypatch.setenv(tr.ENV, "5")
-        assert tr.tile_rows(tr.Q6_K) == 5 and "DRAFTSMAN_KQUANT_TILE_ROWS" in tr.describe()
+        assert tr.tile_rows(GGMLType.Q6_K) == 5 and "DRAFTSMAN_KQUANT_TILE_ROWS" in tr.describe()
     finally:
         tr._measured.cache_clear()
 
 
 def test_no_amx_means_no_tiles(monkeypatch):
     monkeypatch.setattr(tr, "kquant_amx", lambda: False)
-    assert tr.tile_rows(tr.Q4_K) == 0 and tr.describe() == "no AMX tiles"
+    assert tr.tile_rows(GGMLType.Q4_K) == 0 and tr.describe() == "no AMX tiles"
+
+
+def test_the_kernels_block_type_numbers_are_ggmls():
+    from gguf.constants import GGMLQuantizationType
+
+    for t in GGMLType:
+        assert GGMLQuantizationType[t.name] == t.value
+    assert tr.I8_ROW not in {q.value for q in GGMLQuantizationType}

@@ -24,14 +24,13 @@ import numpy as np
 import torch
 
 from draftsman.errors import InvalidArgumentError
+from draftsman.kernels.block_types import I8_ROW, GGMLType
 from draftsman.kernels.native import build_key, kquant_amx
 from draftsman.kernels.random_blocks import random_block_rows
 from draftsman.store.home import draftsman_home
 
 ENV = "DRAFTSMAN_KQUANT_TILE_ROWS"
-Q4_K, Q6_K = 12, 14
-I8_ROW = 1000  # the records kernel's code for int8 rows with one scale each (kquant_records.h)
-TILED = (Q4_K, Q6_K, I8_ROW)  # Q8_0's per-block float scales keep it on vectors
+TILED = (GGMLType.Q4_K, GGMLType.Q6_K, I8_ROW)  # Q8_0's per-block float scales keep it on vectors
 ROWS = (4, 6, 8, 10, 12, 14, 16)  # the tiles always take more than 16 rows
 SHAPE = (8960, 1536)  # the 1.5B's ffn_down width and gate width: ~8-11 MiB, past L2
 REPEATS = 9
@@ -133,8 +132,9 @@ def describe() -> str:
     """One line for `--verbose`: where the tiles start and who decided."""
     if not kquant_amx():
         return "no AMX tiles"
-    if _from_env() is not None:
-        return f"AMX-INT8 tiles from {_from_env()} rows ({ENV})"
+    by_hand = _from_env()
+    if by_hand is not None:
+        return f"AMX-INT8 tiles from {by_hand} rows ({ENV})"
     q4, q6, i8 = (tile_rows(q) for q in TILED)
     return (f"AMX-INT8 tiles from {q4} rows (Q4_K), {q6} (Q6_K) and {i8} (int8 rows), "
             f"measured on this machine ({cache_path(torch.get_num_threads()).name})")

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from draftsman.errors import UnsupportedError
+from draftsman.kernels.block_types import I8_ROW as TYPE_I8_ROW
 from draftsman.kernels.native import byte_records
-from draftsman.kernels.tile_rows import I8_ROW as TYPE_I8_ROW
 from draftsman.kernels.tile_rows import tile_rows
 from draftsman.models.weight_formats import activation_bits
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from draftsman.errors import UnsupportedError
+from draftsman.kernels.block_types import GGMLType
 from draftsman.store.gguf_blocks import BlockTensor
 
-Q5_0, Q8_0 = 6, 8  # GGML type numbers
+Q5_0, Q8_0 = GGMLType.Q5_0, GGMLType.Q8_0
 BLOCK = 32  # weights per block
 Q5_0_BYTES, Q8_0_BYTES = 22, 34
 EXACT = {Q5_0: "Q5_0", Q8_0: "Q8_0"}  # block types Q8_0 holds as they are

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from draftsman.errors import IntegrityError, InvalidArgumentError, UnsupportedError
+from draftsman.kernels.block_types import GGMLType
 from draftsman.kernels.native import (
     byte_records,
     kquant_amx,
@@ -68,7 +69,7 @@ from draftsman.store.gguf_blocks import BlockTensor
 
 GROUP = 32  # int4 group size: one Q4_0/Q4_1 block, one Q4_K sub-block
 _ROW_MULTIPLE = 16  # the int4 packer wants a multiple of 16 output rows
-_Q4_0, _Q4_1, _Q4_K, _Q6_K = 2, 3, 12, 14  # GGML type numbers (gguf.GGMLQuantizationType)
+_Q4_0, _Q4_1, _Q4_K, _Q6_K = GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q6_K
 INT4_EXACT = {_Q4_0: "Q4_0", _Q4_1: "Q4_1", _Q4_K: "Q4_K"}
 KQUANT_NATIVE = {_Q4_K: "Q4_K", _Q6_K: "Q6_K"}
 KQUANT_WIDTH = 256  # weights per K-quant super-block: the input width must be a multiple
@@ -122,7 +123,7 @@ def decode_int4(t: BlockTensor) -> Int4Rows:
 
 
 # GGML types kernels/gguf_convert.cpp decodes (bit-identical to gguf-py, ~20x faster)
-NATIVE_DECODE = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
+NATIVE_DECODE = frozenset(GGMLType)
 
 
 def dequantize_rows(t: BlockTensor) -> torch.Tensor:
