@@ -161,14 +161,34 @@ def target(tmp_path_factory) -> Path:
     return tiny_model(tmp_path_factory.mktemp("default-choice") / "target", 0)
 
 
-def tiny_bench(tmp_path: Path, target: Path, dtype: str, methods: list[str]):
+def tiny_bench(tmp_path: Path, target: Path, dtype: str | None, methods: list[str]):
     """A 4-token bench run of `methods` on one prompt, records under tmp_path/home."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"id": "a", "prompt": "the cat sat on"}) + "\n")
     cfg = BenchConfig(target=str(target), dtype=dtype, datasets=[str(data)], limit=None,
                       max_new_tokens=4, out=str(tmp_path / "run"), progress=False,
                       methods=methods, warmup_tokens=2)
     return run_bench(cfg, log=lambda _: None)
+
+
+def test_bench_of_default_alone_loads_the_measured_backend_and_dtype(tmp_path, target,
+                                                                      monkeypatch):
+    """`bench --preset demo` (backend auto, only `default`, no --dtype) times what `draftsman
+    generate` runs: the backend and dtype of this machine's fastest record, as engine.load
+    picks them, not the rule's bf16 engine; a given dtype keeps the rule."""
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+    dm.write_record(dm.measured_now(str(target), "torch", "fp32",
+                                    "speculative:draft=ngram,gamma=2", 99.0))
+    result = tiny_bench(tmp_path / "auto", target, None, ["default"])
+    assert [r["label"] for r in result.rows] == ["autoregressive",
+                                                 "default (speculative:draft=ngram,gamma=2)"]
+    run = json.loads((tmp_path / "auto" / "run" / "run.json").read_text())[0]
+    assert (run["backend"], run["dtype"]) == ("torch", "fp32")
+    given = tiny_bench(tmp_path / "given", target, "bf16", ["default"])
+    assert [r["label"] for r in given.rows] == ["autoregressive", "default (autoregressive)"]
+    run = json.loads((tmp_path / "given" / "run" / "run.json").read_text())[0]
+    assert run["dtype"] == "bf16"
 
 
 def test_bench_methods_default_times_what_generate_runs(tmp_path, target, monkeypatch):

@@ -66,14 +66,19 @@ from draftsman.bench.spec import (
     parse_methods,
 )
 from draftsman.core import GenerationConfig
-from draftsman.engine import DEFAULT_TARGET, pick_backend
+from draftsman.engine import DEFAULT_DTYPE, DEFAULT_TARGET, pick_backend
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
 from draftsman.models.static_step import StaticConfig
 from draftsman.proposers.drafters import is_model_free
 from draftsman.store.random_weights import weights_label
 from draftsman.store.resolve import resolve_gguf
 from draftsman.strategies.base import check_fits
-from draftsman.strategies.default_method import DEFAULT
+from draftsman.strategies.default_method import (
+    DEFAULT,
+    measured_configuration,
+    measured_dtype,
+    measured_reason,
+)
 
 
 @dataclass
@@ -92,7 +97,9 @@ class BenchConfig:
     peers: list[str] = field(default_factory=list)
     out: str = "bench-results"
     threads: int | None = None
-    dtype: str = "bf16"
+    # None: bf16, unless the backend is auto and only `default` runs, on a CPU: then the dtype
+    # (and backend) of this machine's fastest record, as `draftsman generate` picks them
+    dtype: str | None = None
     backend: str = "auto"  # resolved before anything is measured (backends/choose.py)
     numerics: str = "fast"  # llama.cpp's feeding mode (backends/llama_cpp.py)
     device: str = "auto"  # auto, cpu, cuda[:N]; the device used is in the run's environment
@@ -193,20 +200,22 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
                                                     if peer == "llama.cpp"])
     contestants += openvino_peers(engine, config, [v for peer, v in peers
                                                    if peer == "openvino"])
+    # transformers has no kernel for our q4 / q8 formats: it runs such an engine's folder in
+    # bf16, its own CPU path
+    hf_dtype = engine.dtype if isinstance(engine.dtype, torch.dtype) else torch.bfloat16
     if "compiled" in variants:  # a model of its own: compiling patches its forward
-        compiled = load_hf(engine.target.folder, engine.dtype, engine.device)
+        compiled = load_hf(engine.target.folder, hf_dtype, engine.device)
         contestants.append(HFPeer("compiled", compiled, engine.target.tokenizer.eos_token_ids))
         variants = [v for v in variants if v != "compiled"]
     if variants:
-        target = load_hf(engine.target.folder, engine.dtype, engine.device)
+        target = load_hf(engine.target.folder, hf_dtype, engine.device)
         eos = engine.target.tokenizer.eos_token_ids
         assistant = assistant_name = None
         if "assisted" in variants:
             assistant_name = None if is_model_free(draft) else draft
             if assistant_name is None:
                 assistant_name = engine.default_draft()
-            assistant = load_hf(engine.model(assistant_name).folder, engine.dtype,
-                                engine.device)
+            assistant = load_hf(engine.model(assistant_name).folder, hf_dtype, engine.device)
         for v in variants:
             drafter = {"assisted": display_name(assistant_name),
                        "prompt-lookup": "prompt-lookup"}.get(v)
@@ -276,9 +285,11 @@ class Bench:
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         if config.backend == AUTO and config.static:
             config = replace(config, backend="torch")  # as draftsman.load does for static
-        if config.backend == AUTO:
-            chosen = engine.backend if engine is not None else self._choose_backend(config)
-            config = replace(config, backend=chosen)
+        if config.backend == AUTO and engine is None:
+            config = self._choose_backend(config)
+        elif config.backend == AUTO:
+            config = replace(config, backend=engine.backend)
+        config = replace(config, dtype=config.dtype or DEFAULT_DTYPE)
         self.config = config
         self.out = Path(config.out)
         self.results = ResultsFile(self.out)
@@ -315,15 +326,24 @@ class Bench:
             self._remember(row)
         self.skipped: list[str] = []
 
-    def _choose_backend(self, config: BenchConfig) -> str:
-        """auto: a backend every method of the run (and the draft) can use."""
+    def _choose_backend(self, config: BenchConfig) -> BenchConfig:
+        """auto: where only `default` runs and no dtype is given, the backend and dtype
+        `draftsman generate` would take (this machine's fastest record, engine.load); else
+        a backend every method of the run (and the draft) can use."""
         methods = [(m.method, m.kwargs()) for m in parse_methods(config.methods)
                    if not m.engine]  # the others run on engines of their own
+        measured = None
+        if config.dtype is None and config.device in ("auto", "cpu"):
+            # the baseline runs wherever the run does: it does not pin the backend
+            measured = measured_configuration(config.target, config.numerics, methods[1:])
+        if measured is not None:
+            self.log(f"bench: backend {measured_reason(measured)}")
+            return replace(config, backend=measured.backend, dtype=measured_dtype(measured))
+        dtype = config.dtype or DEFAULT_DTYPE
         draft = None if is_model_free(config.draft) else config.draft
-        choice = pick_backend(config.target, AUTO, dtype=config.dtype, draft=draft,
-                              methods=methods)
+        choice = pick_backend(config.target, AUTO, dtype=dtype, draft=draft, methods=methods)
         self.log(f"bench: backend {choice.backend} ({choice.reason})")
-        return choice.backend
+        return replace(config, backend=choice.backend, dtype=dtype)
 
     # ---- bookkeeping ------------------------------------------------------------------
     def _remember(self, row: Row) -> None:

@@ -18,7 +18,7 @@ from draftsman.errors import InvalidArgumentError
 
 DEFAULTS = dict(methods=["speculative"], datasets=["humaneval"], limit=5, max_new_tokens=128,
                 temperature=0.0, seed=0, repeats=1, peers=[], backend="auto",
-                numerics="fast", turns="first", dtype="bf16")
+                numerics="fast", turns="first", dtype=None)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
