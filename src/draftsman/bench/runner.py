@@ -28,6 +28,7 @@ import torch
 
 import draftsman
 from draftsman.backends.choose import AUTO
+from draftsman.bench.auto_backend import choose_engine
 from draftsman.bench.contestants import (
     Contestant,
     DraftsmanContestant,
@@ -66,19 +67,14 @@ from draftsman.bench.spec import (
     parse_methods,
 )
 from draftsman.core import GenerationConfig
-from draftsman.engine import DEFAULT_DTYPE, DEFAULT_TARGET, pick_backend
+from draftsman.engine import DEFAULT_DTYPE, DEFAULT_TARGET
 from draftsman.errors import ContextOverflowError, InvalidArgumentError
 from draftsman.models.static_step import StaticConfig
 from draftsman.proposers.drafters import is_model_free
 from draftsman.store.random_weights import weights_label
 from draftsman.store.resolve import resolve_gguf
 from draftsman.strategies.base import check_fits
-from draftsman.strategies.default_method import (
-    DEFAULT,
-    measured_configuration,
-    measured_dtype,
-    measured_reason,
-)
+from draftsman.strategies.default_method import DEFAULT
 
 
 @dataclass
@@ -286,7 +282,9 @@ class Bench:
         if config.backend == AUTO and config.static:
             config = replace(config, backend="torch")  # as draftsman.load does for static
         if config.backend == AUTO and engine is None:
-            config = self._choose_backend(config)
+            backend, dtype = choose_engine(config.target, config.draft, config.methods,
+                                           config.dtype, config.numerics, config.device, self.log)
+            config = replace(config, backend=backend, dtype=dtype)
         elif config.backend == AUTO:
             config = replace(config, backend=engine.backend)
         config = replace(config, dtype=config.dtype or DEFAULT_DTYPE)
@@ -325,25 +323,6 @@ class Bench:
         for row in self.existing:
             self._remember(row)
         self.skipped: list[str] = []
-
-    def _choose_backend(self, config: BenchConfig) -> BenchConfig:
-        """auto: where only `default` runs and no dtype is given, the backend and dtype
-        `draftsman generate` would take (this machine's fastest record, engine.load); else
-        a backend every method of the run (and the draft) can use."""
-        methods = [(m.method, m.kwargs()) for m in parse_methods(config.methods)
-                   if not m.engine]  # the others run on engines of their own
-        measured = None
-        if config.dtype is None and config.device in ("auto", "cpu"):
-            # the baseline runs wherever the run does: it does not pin the backend
-            measured = measured_configuration(config.target, config.numerics, methods[1:])
-        if measured is not None:
-            self.log(f"bench: backend {measured_reason(measured)}")
-            return replace(config, backend=measured.backend, dtype=measured_dtype(measured))
-        dtype = config.dtype or DEFAULT_DTYPE
-        draft = None if is_model_free(config.draft) else config.draft
-        choice = pick_backend(config.target, AUTO, dtype=dtype, draft=draft, methods=methods)
-        self.log(f"bench: backend {choice.backend} ({choice.reason})")
-        return replace(config, backend=choice.backend, dtype=dtype)
 
     # ---- bookkeeping ------------------------------------------------------------------
     def _remember(self, row: Row) -> None:
