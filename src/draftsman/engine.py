@@ -451,8 +451,8 @@ def load(
     if threads is not None and threads < 1:
         raise InvalidArgumentError(f"threads must be >= 1, got {threads}")
     measured = None
-    if backend == AUTO and dtype is None and device in (None, "auto", "cpu"):
-        measured = measured_configuration(str(target), numerics, methods)
+    if backend == AUTO:
+        measured = measured_configuration(str(target), numerics, methods, dtype, device)
         if measured is not None:
             backend, dtype = measured.backend, measured_dtype(measured)
     dtype = DEFAULT_DTYPE if dtype is None else dtype

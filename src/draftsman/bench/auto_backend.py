@@ -22,10 +22,8 @@ def choose_engine(target: str, draft: str | None, methods: str | list[str], dtyp
     same); else the dtype given (bf16 if none) on a backend every method of the run (and the
     draft) can use. Methods with an engine of their own do not count."""
     wanted = [(m.method, m.kwargs()) for m in parse_methods(methods) if not m.engine]
-    measured = None
-    if dtype is None and device in ("auto", "cpu"):
-        # the baseline (first) runs wherever the run does: it does not pin the backend
-        measured = measured_configuration(target, numerics, wanted[1:])
+    # the baseline (first) runs wherever the run does: it does not pin the backend
+    measured = measured_configuration(target, numerics, wanted[1:], dtype, device)
     if measured is not None:
         log(f"bench: backend {measured_reason(measured)}")
         return measured.backend, measured_dtype(measured)

@@ -173,11 +173,14 @@ def measured_now(target: str, backend: str, numerics: str, spec: str,
                     time.strftime("%Y-%m-%d"), tokens)
 
 
-def measured_configuration(target: str, numerics: str,
-                           methods: Sequence[tuple[str, Any]]) -> Measured | None:
-    """This machine's fastest recorded configuration for `target`, when the backend and the
-    dtype are left to `auto` and only the `default` method is to run (a named method is run
-    where the rule puts it), on a CPU (the records time CPUs)."""
+def measured_configuration(target: str, numerics: str, methods: Sequence[tuple[str, Any]],
+                           dtype: Any = None, device: Any = "auto") -> Measured | None:
+    """This machine's fastest recorded configuration for `target`, when the backend (the
+    caller's to check) and the dtype (`dtype` None) are left to `auto` and only the `default`
+    method is to run (a named method is run where the rule puts it), on a CPU (the records
+    time CPUs): `device` auto or cpu and no CUDA GPU."""
+    if dtype is not None or device not in (None, "auto", "cpu"):
+        return None
     if any(name != DEFAULT for name, _ in methods) or torch.cuda.is_available():
         return None
     return fastest_here(target, numerics)
