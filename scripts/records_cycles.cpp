@@ -1,9 +1,9 @@
 // Reference cycles (rdtsc) per record and per record-row of the records kernel's group loop
 // (gguf_matmul_records.cpp), called directly: no PyTorch dispatch, no activation quantisation,
-// no output conversion, so what is left is the kernel's own work on one group of 16 weight
-// rows after another. Built and run by scripts/records_cycles.py.
+// no output conversion, so what is left is the kernel's own work on one unit of groups of 16
+// weight rows after another. Built and run by scripts/records_cycles.py.
 //
-//   records_cycles QTYPE BLOCKS GROUPS PASSES THREADS REPEATS ROWS...
+//   records_cycles QTYPE BLOCKS GROUPS PASSES THREADS REPEATS UNIT ROWS...
 //   records_cycles peak     the floor: independent vpdpbusd (zmm) a reference cycle, one thread
 //
 // QTYPE 12 (Q4_K) or 14 (Q6_K), on the vector paths (tiles off, as a CPU without AMX runs
@@ -12,8 +12,9 @@
 // pages where Linux allows, as the loader places records); the groups are split evenly over
 // THREADS OpenMP threads, each thread passing its own groups PASSES times a sweep (many
 // passes over few groups keep a thread's weights in its L2 and make a sweep long enough
-// that starting the threads does not count). Prints, per row count, the best of REPEATS
-// sweeps.
+// that starting the threads does not count). UNIT 2: the groups two at a call, as the
+// kernel hands them out (paired where it pairs them, kquant_records_pairs.h); 1: one at a
+// time, the one-group paths. Prints, per row count, the best of REPEATS sweeps.
 //
 // The kernel source is included, not linked: its group loops live in an anonymous namespace.
 #include "gguf_matmul_records.cpp"
@@ -60,12 +61,17 @@ int main(int argc, char** argv) {
     std::printf("peak %.3f\n", best);
     return 0;
   }
-  if (argc < 8) {
-    std::fprintf(stderr, "usage: records_cycles QTYPE BLOCKS GROUPS PASSES THREADS REPEATS ROWS...\n");
+  if (argc < 9) {
+    std::fprintf(stderr, "usage: records_cycles QTYPE BLOCKS GROUPS PASSES THREADS REPEATS UNIT ROWS...\n");
     return 2;
   }
   const int qtype = std::atoi(argv[1]), nb = std::atoi(argv[2]), groups = std::atoi(argv[3]);
   const int passes = std::atoi(argv[4]), threads = std::atoi(argv[5]), repeats = std::atoi(argv[6]);
+  const int unit = std::atoi(argv[7]);
+  if (unit != 1 && unit != 2) {
+    std::fprintf(stderr, "UNIT must be 1 or 2\n");
+    return 2;
+  }
   if (qtype != TYPE_Q4_K && qtype != TYPE_Q6_K) {
     std::fprintf(stderr, "QTYPE must be 12 (Q4_K) or 14 (Q6_K)\n");
     return 2;
@@ -97,7 +103,7 @@ int main(int argc, char** argv) {
   }
   const double tsc0 = static_cast<double>(__rdtsc());
   const auto t0 = std::chrono::steady_clock::now();
-  for (int a = 7; a < argc; ++a) {
+  for (int a = 8; a < argc; ++a) {
     const int rows = std::atoi(argv[a]);
     if (rows < 1 || rows > 16) {
       std::fprintf(stderr, "ROWS must be 1..16\n");
@@ -109,14 +115,10 @@ int main(int argc, char** argv) {
 #pragma omp parallel num_threads(threads)
       for (int pass = 0; pass < passes; ++pass) {
 #pragma omp for schedule(static) nowait
-        for (int g = 0; g < groups; ++g) {
-          alignas(64) float acc[16 * COLS] = {};
-          const uint8_t* wg = w + group_bytes * g;
-          if (qtype == TYPE_Q4_K) {
-            group<Q4kPath>(wg, x.data(), nb, false, nb, 1, rows, false, acc);
-          } else {
-            group<Q6kPath>(wg, x.data(), nb, false, nb, 1, rows, false, acc);
-          }
+        for (int g = 0; g < groups; g += unit) {
+          alignas(64) float acc[2 * 16 * COLS] = {};
+          groups_product(qtype, w + group_bytes * g, static_cast<int64_t>(group_bytes), std::min(unit, groups - g),
+                         x.data(), nb, false, nb, 1, rows, 0, false, acc, 16 * COLS);
         }
       }
       best = std::min(best, static_cast<double>(__rdtsc() - start));

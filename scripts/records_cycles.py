@@ -47,13 +47,13 @@ def build(out: Path) -> None:
         sys.exit(f"building the harness failed: {done.stderr.strip()[-2000:]}")
 
 
-def run(exe: Path, qtype: int, place: str, threads: int, repeats: int,
+def run(exe: Path, qtype: int, place: str, threads: int, repeats: int, unit: int,
         rows: list[int]) -> tuple[dict[int, tuple[float, float]], float]:
     """rows -> (cycles a record, cycles a record-row), and the TSC's GHz."""
     groups, passes = PLACES[place]
     out = subprocess.run([str(exe), str(qtype), str(BLOCKS), str(groups), str(passes),
-                          str(threads), str(repeats), *map(str, rows)], capture_output=True,
-                         text=True, check=True).stdout.split("\n")
+                          str(threads), str(repeats), str(unit), *map(str, rows)],
+                         capture_output=True, text=True, check=True).stdout.split("\n")
     cycles = {int(r): (float(rec), float(row))
               for r, rec, row in (line.split() for line in out if line and line[0].isdigit())}
     ghz = next(float(line.split()[1]) for line in out if line.startswith("tsc_ghz"))
@@ -66,6 +66,9 @@ def main() -> int:
     p.add_argument("--rows", default="1,4,8,16", help="activation rows, 1..16, comma separated")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=20, help="sweeps a row count (best kept)")
+    p.add_argument("--single", action="store_true",
+                   help="groups one at a time (the one-group paths) instead of as the kernel "
+                        "hands them out (two at a time where it pairs them)")
     a = p.parse_args()
     if native.records_isa() != "avx512vnni":
         print("this CPU or build has no AVX-512 VNNI: no K-quant records", file=sys.stderr)
@@ -82,14 +85,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "records_cycles"
         build(exe)
-        print(f"{a.threads} threads, K = {BLOCKS * 256}; reference cycles (best of "
+        how = "one group at a time" if a.single else "groups as the kernel hands them out"
+        print(f"{a.threads} threads, K = {BLOCKS * 256}, {how}; reference cycles (best of "
               f"{a.repeats}) a record / a record-row")
         print("| block type | weights from | " + " | ".join(f"{r} rows" for r in rows) + " |")
         print("|---|---|" + "---|" * len(rows))
         for q in qtypes:
             for where in PLACES:
                 repeats = a.repeats if where == "L2" else max(3, a.repeats // 4)
-                cycles, ghz = run(exe, QTYPES[q], where, a.threads, repeats, rows)
+                cycles, ghz = run(exe, QTYPES[q], where, a.threads, repeats,
+                                  1 if a.single else 2, rows)
                 cells = " | ".join(f"{cycles[r][0]:.0f} / {cycles[r][1]:.1f}" for r in rows)
                 print(f"| {q.upper()} | {where} | {cells} |")
         peak = subprocess.run([str(exe), "peak"], capture_output=True, text=True,

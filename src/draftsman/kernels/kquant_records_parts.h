@@ -1,6 +1,7 @@
 // The small pieces of the AMX K-quant kernel (gguf_matmul_records.cpp): the weight prefetcher,
-// the tile configuration, a Q4_K record's widened scales, the per-row finish of a block and
-// the vpdpbusd step of the few-row path. Shared by its Q4_K and Q6_K paths.
+// the tile configuration, a Q4_K and a Q6_K record's widened scales, the per-row finish of a
+// block and the vpdpbusd step of the few-row path. Shared by its Q4_K and Q6_K paths and the
+// paired groups (kquant_records_pairs.h).
 #pragma once
 
 #include <algorithm>
@@ -125,6 +126,20 @@ struct Q4kScales {
     }
     d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_D)));
     dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + OFF_DMIN)));
+  }
+};
+
+// A Q6_K record's per-column factors: sub-block scales as Sum's factors, d as floats.
+template <typename Sum>
+struct Q6kScales {
+  typename Sum::Factor sc[16];
+  __m512 d;
+
+  explicit Q6kScales(const uint8_t* w) {
+    for (int j = 0; j < 16; ++j) {
+      sc[j] = Sum::factor(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + Q6_OFF_SC + 16 * j))));
+    }
+    d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + Q6_OFF_D)));
   }
 };
 
