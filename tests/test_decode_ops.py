@@ -44,6 +44,27 @@ def test_rms_norm_matches_pytorch_and_is_batch_invariant(dtype, width):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [1536, 100])
+def test_add_rms_norm_is_the_add_then_the_norm_bit_for_bit(dtype, width):
+    """The residual add rounds as PyTorch's add (the float sum to the dtype), the norm is
+    rms_norm's on that sum; each row the same alone; a changed delta changes both."""
+    torch.manual_seed(2)
+    x, delta = (torch.randn(2, 11, width) * 3).to(dtype)
+    w = torch.randn(width).to(dtype)
+    total, normed = ops.add_rms_norm(x, delta, w, 1e-6)
+    assert torch.equal(total, x + delta)
+    assert torch.equal(normed, ops.rms_norm(x + delta, w, 1e-6))
+    for r in (0, 5, 10):
+        alone = ops.add_rms_norm(x[r:r + 1].contiguous(), delta[r:r + 1].contiguous(), w, 1e-6)
+        assert torch.equal(alone[0][0], total[r]) and torch.equal(alone[1][0], normed[r])
+    other = delta.clone()
+    other[3, 7] += 1
+    assert not torch.equal(ops.add_rms_norm(x, other, w, 1e-6)[1][3], normed[3])
+    with pytest.raises(RuntimeError, match="one dtype"):
+        ops.add_rms_norm(x, delta[:, :-1].contiguous(), w, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul_matches_pytorch_and_is_batch_invariant(dtype):
     torch.manual_seed(1)
     gate_up = (torch.randn(5, 2 * 1100) * 6).to(dtype)  # 1100: vector body and scalar tail

@@ -121,6 +121,8 @@ def _load() -> bool:
     torch.library.register_fake("draftsman::kquant_records_mm")(
         lambda x, packed, qtype, n, tile_rows: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("draftsman::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
+    torch.library.register_fake("draftsman::add_rms_norm")(
+        lambda x, delta, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)))
     torch.library.register_fake("draftsman::silu_mul")(
         lambda gu: gu.new_empty((gu.shape[0], gu.shape[1] // 2)))
     torch.library.register_fake("draftsman::short_attention")(_short_attention_fake)

@@ -1,8 +1,9 @@
 """A Llama-family step's layers on the fused CPU ops, called straight from a flat plan.
 
-On the fused CPU path (`DecoderLM.use_fused_cpu_ops`) a decoder block is ten kernel calls:
-RMSNorm, the QKV product, RoPE + cache write + attention, the output product, a residual add,
-RMSNorm, the gate/up product, silu * up, the down product, a residual add. Through the module
+On the fused CPU path (`DecoderLM.use_fused_cpu_ops`) a decoder block is eight kernel calls:
+the QKV product, RoPE + cache write + attention, the output product, a residual add with the
+RMSNorm after it, the gate/up product, silu * up, the down product, a residual add with the
+next block's RMSNorm (the first block's norm and the last add alone). Through the module
 tree each also pays `nn.Module.__call__`, attribute lookups and the reshapes that make any
 input shape work: on the 0.5B's one-row draft step (24 layers, ~20 ms) that bookkeeping was
 ~3 ms, as long as all its attention. `FusedCpuStep` takes each block's weights out of the tree
@@ -91,12 +92,21 @@ class FusedCpuStep:
         b, t, hidden = x.shape
         cos, sin = rope
         rows = x.reshape(b * t, hidden).contiguous()
-        norm, silu_mul = torch.ops.draftsman.rms_norm, torch.ops.draftsman.silu_mul
-        for i in layers:
-            op = self.blocks[i]
-            qkv = op.qkv(norm(rows, op.norm1, op.eps1))
+        ops = torch.ops.draftsman
+        norm, add_norm, silu_mul = ops.rms_norm, ops.add_rms_norm, ops.silu_mul
+        blocks = [self.blocks[i] for i in layers]
+        if not blocks:
+            return x
+        normed = norm(rows, blocks[0].norm1, blocks[0].eps1)
+        for n, (i, op) in enumerate(zip(layers, blocks, strict=True), start=1):
+            qkv = op.qkv(normed)
             att = cache.write_rotated_and_attend(i, start, qkv.view(b, t, -1), cos, sin, bias,
                                                  op.n_heads, op.n_kv)
-            rows = rows + op.o(att.view(b * t, -1))
-            rows = rows + op.down(silu_mul(op.gate_up(norm(rows, op.norm2, op.eps2))))
+            # each residual add with the norm after it, one call (the same bits as the two)
+            rows, normed = add_norm(rows, op.o(att.view(b * t, -1)), op.norm2, op.eps2)
+            mlp = op.down(silu_mul(op.gate_up(normed)))
+            if n < len(blocks):
+                rows, normed = add_norm(rows, mlp, blocks[n].norm1, blocks[n].eps1)
+            else:
+                rows = rows + mlp
         return rows.view(b, t, hidden)
