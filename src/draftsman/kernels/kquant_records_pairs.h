@@ -5,12 +5,13 @@
 // Why: on a Zen 5 core a vector load is the scarce thing, not the multiply. It issues two
 // vpdpbusd and two vector loads a cycle, and the one-group path spends a load per product
 // (each row's 4 activations broadcast for one vpdpbusd) plus the weight vectors: 18 loads per
-// 16 products, so 16 rows ran at 37 reference cycles a record-row against vpdpbusd's floor of
-// 21 (scripts/records_cycles.py; a microbenchmark: 16 broadcast products 2.9 a cycle, with 2
-// more vector loads 2.6, with 4 more 2.3, a reference cycle). Here each row's broadcast is loaded once into a
-// register and multiplies both groups' weights, so a step of R rows is 2 weight loads and R
-// broadcasts for 2R products, and the sub-block scales, the finish and the loop overhead are
-// paid per 32 columns instead of 16 (16 rows: Q4_K 37 -> 29, Q6_K 46 -> 34 cycles).
+// 16 products, so 16 rows ran at 35 reference cycles a record-row from L2 against
+// vpdpbusd's floor of 21 (scripts/records_cycles.py --single; a microbenchmark, products a
+// reference cycle: 16 broadcast products 2.9, with 2 more vector loads 2.6, with 4 more 2.3).
+// Here each row's broadcast is loaded once into a register and multiplies both groups'
+// weights, so a step of R rows is 2 weight loads and R broadcasts for 2R products, and the
+// sub-block scales, the finish and the loop overhead are paid per 32 columns instead of 16
+// (16 rows from L2: Q4_K 35 -> 30, Q6_K 45 -> 35 cycles; bench-results/profile-zen5-pairs).
 //
 // One sub-block at a time (its 2R sums, the rows' 2R totals and 2 weight vectors: 4R + 2
 // registers, R <= PAIR_ROWS). Each row's arithmetic is the one-group path's, in the same
