@@ -75,13 +75,20 @@ void rms_norm_row(const T* x, const T* w, int64_t h, float eps, T* y) {
   }
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "rms_norm: x must be a contiguous [M, H]");
+// The norms' weight [H] in x's dtype, float32 or bfloat16, or a one-line error naming `op`;
+// whether x is bfloat16.
+bool checked_norm_weight(const char* op, const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous() &&
                   weight.scalar_type() == x.scalar_type(),
-              "rms_norm: weight must be [H] in x's dtype");
+              op, ": weight must be [H] in x's dtype");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(bf16 || x.scalar_type() == at::kFloat, "rms_norm: float32 or bfloat16 only");
+  TORCH_CHECK(bf16 || x.scalar_type() == at::kFloat, op, ": float32 or bfloat16 only");
+  return bf16;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "rms_norm: x must be a contiguous [M, H]");
+  const bool bf16 = checked_norm_weight("rms_norm", x, weight);
   const int64_t m = x.size(0), h = x.size(1);
   at::Tensor y = at::empty_like(x);
   // 8 rows a thread at least: a verify's 16 rows on two threads (1536 wide, 14.7 -> ~8 us),
@@ -120,11 +127,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && delta.sizes() == x.sizes() && delta.is_contiguous() &&
                   delta.scalar_type() == x.scalar_type(),
               "add_rms_norm: x and delta must be contiguous [M, H] of one dtype");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous() &&
-                  weight.scalar_type() == x.scalar_type(),
-              "add_rms_norm: weight must be [H] in x's dtype");
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(bf16 || x.scalar_type() == at::kFloat, "add_rms_norm: float32 or bfloat16 only");
+  const bool bf16 = checked_norm_weight("add_rms_norm", x, weight);
   const int64_t m = x.size(0), h = x.size(1);
   at::Tensor sum = at::empty_like(x), y = at::empty_like(x);
   at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {  // as rms_norm

@@ -32,6 +32,27 @@ constexpr int PAIR_ROWS = 6;  // rows a pass: 16 as 6 + 5 + 5 (passes of 4-6 mea
 // Row m's 4 activations at x in every lane, loaded once for both groups' products.
 inline __m512i broadcast_row(const uint8_t* x) { return _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(x)); }
 
+// ca[m] += qa . x_m, cb[m] += qb . x_m for R rows: row m's 4 activations at x + m * xstride,
+// loaded once for both groups' weight vectors qa, qb.
+template <int R>
+inline void rows_times_pair(const uint8_t* x, int64_t xstride, __m512i qa, __m512i qb, __m512i* ca, __m512i* cb) {
+  for (int m = 0; m < R; ++m) {
+    const __m512i xm = broadcast_row(x + m * xstride);
+    ca[m] = _mm512_dpbusd_epi32(ca[m], qa, xm);
+    cb[m] = _mm512_dpbusd_epi32(cb[m], qb, xm);
+  }
+}
+
+// Each row's sums of one sub-block folded into its totals, by each group's scale factor.
+template <int R, typename Sum>
+inline void fold_pair(const __m512i* ca, const __m512i* cb, typename Sum::Factor fa, typename Sum::Factor fb,
+                      typename Sum::Vec* ia, typename Sum::Vec* ib) {
+  for (int m = 0; m < R; ++m) {
+    ia[m] = Sum::add(ia[m], ca[m], fa);
+    ib[m] = Sum::add(ib[m], cb[m], fb);
+  }
+}
+
 // Sub-block j's nibbles, k-row r, of a Q4_K record, unpacked as Q4kRecord unpacks them (the
 // high nibble in place as 16 q where Sum takes it so).
 template <typename Sum>
@@ -64,18 +85,11 @@ inline void q4k_block_pair(const uint8_t* wa, const uint8_t* wb, const Q4kScales
       } else {
         aheadb.line();
       }
-      const __m512i qa = q4k_sub_block<Sum>(wa, j, r), qb = q4k_sub_block<Sum>(wb, j, r);
-      for (int m = 0; m < R; ++m) {
-        const __m512i x = broadcast_row(xq + m * xstride + 32 * j + 4 * r);
-        ca[m] = _mm512_dpbusd_epi32(ca[m], qa, x);
-        cb[m] = _mm512_dpbusd_epi32(cb[m], qb, x);
-      }
+      rows_times_pair<R>(xq + 32 * j + 4 * r, xstride, q4k_sub_block<Sum>(wa, j, r), q4k_sub_block<Sum>(wb, j, r),
+                         ca, cb);
     }
     // |C_j| <= 32 * 127 * 15 (16 q: * 16) and sc_j <= 63: each total fits int32
-    for (int m = 0; m < R; ++m) {
-      ia[m] = Sum::add(ia[m], ca[m], sa.sc[j]);
-      ib[m] = Sum::add(ib[m], cb[m], sb.sc[j]);
-    }
+    fold_pair<R, Sum>(ca, cb, sa.sc[j], sb.sc[j], ia, ib);
   }
   for (int m = 0; m < R; ++m) {
     q4k_finish_row(Sum::to_float(ia[m]), sa.mins, sa.d, sa.dmin, xb[m * row_step], acca + COLS * m);
@@ -101,18 +115,11 @@ inline void q6k_block_pair(const uint8_t* ua, const uint8_t* ub, const Q6kScales
     for (int r = 0; r < 4; ++r) {
       aheada.line();  // 64 steps a block: 53 lines each
       aheadb.line();
-      const __m512i qa = _mm512_load_si512(ua + 256 * j + 64 * r), qb = _mm512_load_si512(ub + 256 * j + 64 * r);
-      for (int m = 0; m < R; ++m) {
-        const __m512i x = broadcast_row(xq + m * xstride + 16 * j + 4 * r);
-        ca[m] = _mm512_dpbusd_epi32(ca[m], qa, x);
-        cb[m] = _mm512_dpbusd_epi32(cb[m], qb, x);
-      }
+      rows_times_pair<R>(xq + 16 * j + 4 * r, xstride, _mm512_load_si512(ua + 256 * j + 64 * r),
+                         _mm512_load_si512(ub + 256 * j + 64 * r), ca, cb);
     }
     // |C_j - 32 bsum_j| <= 16 * 127 * 32 and |sc_j| <= 128: the sum over 16 fits int32
-    for (int m = 0; m < R; ++m) {
-      ia[m] = Sum::add(ia[m], ca[m], sa.sc[j]);
-      ib[m] = Sum::add(ib[m], cb[m], sb.sc[j]);
-    }
+    fold_pair<R, Sum>(ca, cb, sa.sc[j], sb.sc[j], ia, ib);
   }
   for (int m = 0; m < R; ++m) {
     q6k_finish_row(Sum::to_float(ia[m]), sa.d, xb[m * row_step], acca + COLS * m);
