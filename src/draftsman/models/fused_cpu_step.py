@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import zip_longest
 
 import torch
 from torch import nn
@@ -94,19 +95,22 @@ class FusedCpuStep:
         rows = x.reshape(b * t, hidden).contiguous()
         ops = torch.ops.draftsman
         norm, add_norm, silu_mul = ops.rms_norm, ops.add_rms_norm, ops.silu_mul
-        blocks = [self.blocks[i] for i in layers]
-        if not blocks:
+        if not layers:
             return x
-        normed = norm(rows, blocks[0].norm1, blocks[0].eps1)
-        for n, (i, op) in enumerate(zip(layers, blocks, strict=True), start=1):
+        first = self.blocks[layers[0]]
+        normed = norm(rows, first.norm1, first.eps1)
+        # each layer with the one after it (None past the last): a range's slice, no list
+        for i, after in zip_longest(layers, layers[1:]):
+            op = self.blocks[i]
             qkv = op.qkv(normed)
             att = cache.write_rotated_and_attend(i, start, qkv.view(b, t, -1), cos, sin, bias,
                                                  op.n_heads, op.n_kv)
             # each residual add with the norm after it, one call (the same bits as the two)
             rows, normed = add_norm(rows, op.o(att.view(b * t, -1)), op.norm2, op.eps2)
             mlp = op.down(silu_mul(op.gate_up(normed)))
-            if n < len(blocks):
-                rows, normed = add_norm(rows, mlp, blocks[n].norm1, blocks[n].eps1)
-            else:
+            if after is None:
                 rows = rows + mlp
+            else:
+                nxt = self.blocks[after]
+                rows, normed = add_norm(rows, mlp, nxt.norm1, nxt.eps1)
         return rows.view(b, t, hidden)
