@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a torch `--dtype q4` decode step spends its time: the K-quant kernel or the rest.
+"""Where a torch `--dtype q4` (or q8) decode step spends its time: the kernel or the rest.
 
 Times one forward of T new rows after `--context` cached tokens twice in one process:
 as loaded, and with every K-quant matrix replaced by zeros (no weight read; zeros, as
@@ -13,6 +13,7 @@ the difference is the kernel's share. Issue 22 uses it to explain the gap to lla
     scripts/q4_step_breakdown.py --rows 1 --repeats 30
     scripts/q4_step_breakdown.py --rows 1,16 --all-logits   # as a verify forward runs
     scripts/q4_step_breakdown.py --rows 1,16 --all-logits --by-matrix
+    scripts/q4_step_breakdown.py --dtype q8 --rows 1,16 --all-logits --by-matrix   # int8 rows
 
 `--by-matrix` adds the kernel's time per matrix kind (block type and shape, all layers
 together) at each row count, timed around each call: which matrices make a verify dear.
@@ -30,11 +31,14 @@ from contextlib import contextmanager
 
 import torch
 
+from draftsman.kernels.block_types import I8_ROW
+from draftsman.models.int8_linear import Int8RecordsMatrix
 from draftsman.models.loader import load_model
 from draftsman.models.quant_linear import KQuantMatrix, KQuantRecordsMatrix, QuantLinear
 from draftsman.store.resolve import resolve_gguf, resolve_model
 
-MATRICES = (KQuantMatrix, KQuantRecordsMatrix)  # the K-quant products, as this CPU runs them
+# the quantised products as this CPU runs them (K-quant blocks; q8's int8 rows)
+MATRICES = (KQuantMatrix, KQuantRecordsMatrix, Int8RecordsMatrix)
 
 
 def time_step(model, cache, context: int, rows: int, repeats: int,
@@ -58,7 +62,10 @@ def matrix_kinds(model) -> dict[int, str]:
     def role(name: str) -> str:  # layers.3.mlp.gate_up_proj.parts.0 -> gate_up_proj
         return [part for part in name.split(".") if not part.isdigit() and part != "parts"][-1]
 
-    return {id(m): f"{GGMLQuantizationType(int(m.qtype)).name} {role(name)}"
+    def block_type(qtype: int) -> str:  # int8 rows (q8) are not a GGML type
+        return "I8_ROW" if qtype == I8_ROW else GGMLQuantizationType(qtype).name
+
+    return {id(m): f"{block_type(int(getattr(m, 'qtype', I8_ROW)))} {role(name)}"
             for name, m in model.named_modules()
             if isinstance(m, MATRICES)}
 
@@ -144,8 +151,8 @@ def main() -> None:
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--rows", default="1,4,16", help="comma-separated new-token counts")
     p.add_argument("--context", type=int, default=256, help="cached tokens before the step")
-    p.add_argument("--dtype", default="q4", choices=("q4", "q4-draft"),
-                   help="q4-draft: a draft's format (every matrix on Q4_K blocks)")
+    p.add_argument("--dtype", default="q4", choices=("q4", "q4-draft", "q8"),
+                   help="q4-draft: a draft's format (every matrix on Q4_K blocks); q8: int8 rows")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--all-logits", action="store_true",

@@ -6,7 +6,7 @@
 //   records_cycles QTYPE BLOCKS GROUPS PASSES THREADS REPEATS UNIT ROWS...
 //   records_cycles peak     the floor: independent vpdpbusd (zmm) a reference cycle, one thread
 //
-// QTYPE 12 (Q4_K) or 14 (Q6_K), on the vector paths (tiles off, as a CPU without AMX runs
+// QTYPE 12 (Q4_K), 14 (Q6_K) or 1000 (int8 rows, --dtype q8), on the vector paths (tiles off, as a CPU without AMX runs
 // them); BLOCKS records a group (6: K = 1536); GROUPS groups, laid out one after another as a
 // packed matrix is (few: from L2; more than the last-level cache holds: from memory, on 2 MiB
 // pages where Linux allows, as the loader places records); the groups are split evenly over
@@ -72,8 +72,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "UNIT must be 1 or 2\n");
     return 2;
   }
-  if (qtype != TYPE_Q4_K && qtype != TYPE_Q6_K) {
-    std::fprintf(stderr, "QTYPE must be 12 (Q4_K) or 14 (Q6_K)\n");
+  if (qtype != TYPE_Q4_K && qtype != TYPE_Q6_K && qtype != TYPE_I8_ROW) {
+    std::fprintf(stderr, "QTYPE must be 12 (Q4_K), 14 (Q6_K) or 1000 (int8 rows)\n");
     return 2;
   }
   const size_t rec = static_cast<size_t>(record_bytes(qtype)), group_bytes = rec * nb;
@@ -83,9 +83,15 @@ int main(int argc, char** argv) {
   madvise(w, bytes, MADV_HUGEPAGE);
   std::mt19937 rng(1);
   for (size_t i = 0; i < bytes; ++i) w[i] = static_cast<uint8_t>(rng());
-  // each record's float16 scales in [2^-4, 2^-3): finite sums whatever the random bytes
+  // each record's float16 scales in [2^-4, 2^-3) (int8 rows: float32 column scales 2^-4):
+  // finite sums whatever the random bytes
   const int halves = qtype == TYPE_Q4_K ? 32 : 16;
   for (size_t r = 0; r < static_cast<size_t>(groups) * nb; ++r) {
+    if (qtype == TYPE_I8_ROW) {
+      auto* d = reinterpret_cast<float*>(w + r * rec + I8_OFF_D);
+      for (int i = 0; i < COLS; ++i) d[i] = 0.0625f;
+      continue;
+    }
     auto* d = reinterpret_cast<uint16_t*>(w + r * rec);
     for (int i = 0; i < halves; ++i) d[i] = static_cast<uint16_t>(0x2C00 + (rng() & 0x3FF));
   }

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from draftsman.kernels import native
 
-QTYPES = {"q4_k": 12, "q6_k": 14}
+QTYPES = {"q4_k": 12, "q6_k": 14, "i8_row": 1000}  # i8_row: --dtype q8's int8 rows
 # records a group (K = 1536, the 1.5B's hidden size); from L2: 64 groups (~0.9 MB of Q4_K
 # shared out over the threads) passed 64 times a sweep; from memory: ~470 MB of groups
 # (past the last-level caches seen here, 260 MB at most) passed once
@@ -62,7 +62,7 @@ def run(exe: Path, qtype: int, place: str, threads: int, repeats: int, unit: int
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--qtypes", default="q4_k,q6_k", help="comma separated: q4_k, q6_k")
+    p.add_argument("--qtypes", default="q4_k,q6_k", help="comma separated: q4_k, q6_k, i8_row")
     p.add_argument("--rows", default="1,4,8,16", help="activation rows, 1..16, comma separated")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=20, help="sweeps a row count (best kept)")
