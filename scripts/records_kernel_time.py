@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""ms per 8960 x 1536 Q4_K (or Q6_K) matrix on the records kernel (`kquant_records_mm`), from
-memory and from cache: an A/B of two builds is this script run at each commit in turn, a few times.
+"""ms per 8960 x 1536 Q4_K (or Q6_K, or int8-row) matrix on the records kernel
+(`kquant_records_mm`), from memory and from cache: an A/B of two builds is this script run
+at each commit in turn, a few times.
 
     scripts/records_kernel_time.py --rows 1,16 [--qtype q6_k]
+    scripts/records_kernel_time.py --rows 1,16 --qtype i8_row   # q8's int8 rows
     DRAFTSMAN_KQUANT_AMX=0 scripts/records_kernel_time.py   # the vector path on an AMX CPU
 
 "from memory": 24 distinct matrices per sweep (more than the caches hold, as a decode step
@@ -24,7 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_curves import q4k_blocks, q6k_blocks  # noqa: E402
 
-from draftsman.kernels.native import kquant_records  # noqa: E402
+from draftsman.kernels.native import byte_records, kquant_records  # noqa: E402
+from draftsman.models.int8_linear import Int8RecordsMatrix  # noqa: E402
 from draftsman.models.quant_linear import KQuantRecordsMatrix  # noqa: E402
 
 
@@ -41,8 +44,8 @@ def main() -> int:
     p.add_argument("--rows", default="1,16", help="activation rows, comma separated")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--qtype", choices=("q4_k", "q6_k"), default="q4_k",
-                   help="the weights' block type")
+    p.add_argument("--qtype", choices=("q4_k", "q6_k", "i8_row"), default="q4_k",
+                   help="the weights' block type (i8_row: q8's int8 rows, one scale each)")
     a = p.parse_args()
     if not kquant_records():
         print("this CPU or build has neither AVX-512 VNNI nor AVX2: no K-quant records",
@@ -50,8 +53,15 @@ def main() -> int:
         return 2
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
-    blocks = q4k_blocks if a.qtype == "q4_k" else q6k_blocks
-    mats = [KQuantRecordsMatrix([blocks(8960, 1536, rng)]) for _ in range(24)]
+    if a.qtype == "i8_row":
+        if not byte_records():
+            print("this CPU or build has no AVX-512 VNNI: no int8 records", file=sys.stderr)
+            return 2
+        weights = (rng.standard_normal((8960, 1536), dtype=np.float32) for _ in range(24))
+        mats = [Int8RecordsMatrix(torch.from_numpy(w)) for w in weights]
+    else:
+        blocks = q4k_blocks if a.qtype == "q4_k" else q6k_blocks
+        mats = [KQuantRecordsMatrix([blocks(8960, 1536, rng)]) for _ in range(24)]
     print("| rows | from memory ms | from cache ms |\n|---|---|---|")
     for rows in (int(r) for r in a.rows.split(",")):
         x = torch.randn(rows, 1536, dtype=torch.bfloat16)
