@@ -429,7 +429,7 @@ void i8_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, i
         // each weight is read once a forward: loaded with the streaming hint (tileloaddt1,
         // data of little reuse), the 1.5B q8's 16-row forward after 256 tokens took 66.3 / 68.4
         // / 69.6 / 71.0 ms against 68.8 / 69.6 / 73.2 / 76.3 with plain loads, alternated in
-        // 4 pairs (bench-results/profile-amx-head/q8-stream-loads-ab.txt); the same bits
+        // 4 pairs (bench-results/profile-amx-stream-loads/q8-stream-loads-ab.txt); the same bits
         _tile_stream_loadd(4, w + I8_OFF_Q + 1024 * p, 64);
         _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
       }
