@@ -5,10 +5,8 @@
 // cycled), one thread; the phases are the kernel's instruction mix with runtime factors (loaded
 // through an opaque register, so the compiler keeps vpmullw), not its exact code.
 //
-//   g++ -O2 -march=sapphirerapids -o overlap overlap.cpp && taskset -c 1 ./overlap
+//   g++ -O2 -march=sapphirerapids -I ../../src/draftsman/kernels -o overlap overlap.cpp && taskset -c 1 ./overlap
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <x86intrin.h>
 
 #include <cstdint>
@@ -16,13 +14,9 @@
 #include <cstring>
 #include <algorithm>
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+#include "amx_tiles.h"  // src/draftsman/kernels: the tile configuration record, Linux's permission
+
+using draftsman_amx::TileConfig;
 
 alignas(64) uint8_t rec[2368 * 64];
 alignas(64) uint8_t bhi[3][4][1024], blo[3][4][1024];
@@ -167,7 +161,7 @@ double cycles(const char* name, int n, F&& f) {
 }
 
 int main() {
-  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) { std::puts("no AMX"); return 1; }
+  if (!draftsman_amx::amx_permitted()) { std::puts("no AMX tiles here (or not granted)"); return 1; }
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
   _tile_loadconfig(&cfg);
