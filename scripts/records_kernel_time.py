@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""ms per 8960 x 1536 Q4_K (or Q6_K, or int8-row) matrix on the records kernel
+"""ms per 8960 x 1536 (or `--shape`) Q4_K (or Q6_K, or int8-row) matrix on the records kernel
 (`kquant_records_mm`), from memory and from cache: an A/B of two builds is this script run
 at each commit in turn, a few times.
 
     scripts/records_kernel_time.py --rows 1,16 [--qtype q6_k]
     scripts/records_kernel_time.py --rows 1,16 --qtype i8_row   # q8's int8 rows
+    scripts/records_kernel_time.py --qtype i8_row --shape 9728,896   # the 0.5B's gate/up
     DRAFTSMAN_KQUANT_AMX=0 scripts/records_kernel_time.py   # the vector path on an AMX CPU
 
 "from memory": 24 distinct matrices per sweep (more than the caches hold, as a decode step
@@ -46,7 +47,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--qtype", choices=("q4_k", "q6_k", "i8_row"), default="q4_k",
                    help="the weights' block type (i8_row: q8's int8 rows, one scale each)")
+    p.add_argument("--shape", default="8960,1536",
+                   help="out,in features of each matrix (in: a multiple of 256, or of 128 for i8_row)")
     a = p.parse_args()
+    out, inner = (int(v) for v in a.shape.split(","))
     if not kquant_records():
         print("this CPU or build has neither AVX-512 VNNI nor AVX2: no K-quant records",
               file=sys.stderr)
@@ -57,14 +61,14 @@ def main() -> int:
         if not byte_records():
             print("this CPU or build has no AVX-512 VNNI: no int8 records", file=sys.stderr)
             return 2
-        weights = (rng.standard_normal((8960, 1536), dtype=np.float32) for _ in range(24))
+        weights = (rng.standard_normal((out, inner), dtype=np.float32) for _ in range(24))
         mats = [Int8RecordsMatrix(torch.from_numpy(w)) for w in weights]
     else:
         blocks = q4k_blocks if a.qtype == "q4_k" else q6k_blocks
-        mats = [KQuantRecordsMatrix([blocks(8960, 1536, rng)]) for _ in range(24)]
+        mats = [KQuantRecordsMatrix([blocks(out, inner, rng)]) for _ in range(24)]
     print("| rows | from memory ms | from cache ms |\n|---|---|---|")
     for rows in (int(r) for r in a.rows.split(",")):
-        x = torch.randn(rows, 1536, dtype=torch.bfloat16)
+        x = torch.randn(rows, inner, dtype=torch.bfloat16)
         memory = statistics.median(sweep(mats, x) for _ in range(a.repeats))
         cached = statistics.median(sweep([mats[0]] * 24, x) for _ in range(a.repeats))
         print(f"| {rows} | {memory:.3f} | {cached:.3f} |")
