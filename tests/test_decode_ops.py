@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tiny import tiny_pair
 
-from draftsman.kernels.native import attention_amx, kquant_available
+from draftsman.kernels.native import attention_amx, attention_bf16_pairs, kquant_available
 from draftsman.models.base import additive_mask, causal_mask, matmul_attention
 from draftsman.models.config import ModelConfig
 from draftsman.models.rope import RotaryTable, apply_rotary
@@ -141,30 +141,47 @@ def test_short_attention_mask_hides_exactly_the_masked_slots(d):
     assert not torch.allclose(ops.short_attention(q, keys, seen, bias, 0.2), base)
 
 
-@pytest.mark.skipif(not attention_amx(), reason="bf16 attention on AMX tiles needs an AMX CPU")
-@pytest.mark.parametrize(("hq", "rows", "cached"), [(12, 16, 300), (14, 16, 64), (12, 3, 1000)])
-def test_amx_attention_matches_the_reference_and_each_row_alone(hq, rows, cached):
-    # bf16 on an AMX CPU takes the tiles (kernels/attention_amx.cpp): 16 rows of 6 or 7 query
-    # heads a KV head (the 1.5B, the 0.5B) fill 6 or 7 query tiles; keys pad to passes of 64
+def check_bf16_pair_attention(hq: int, rows: int, cached: int, d: int) -> None:
+    """The bf16 attentions that multiply bf16 pairs (AMX tiles; AVX512-BF16 vectors, scores
+    only): 16 rows of 6 or 7 query heads a KV head (the 1.5B, head size 128; the 0.5B, 64),
+    keys padded to passes of 64, a tree mask hiding one slot from the last row; near the fp32
+    reference, each row bit for bit itself alone, and the hidden slot a negative control."""
     g = torch.Generator().manual_seed(7)
-    q = torch.randn(1, hq, rows, 128, generator=g).bfloat16()
-    keys = torch.randn(1, 2, cached + rows, 128, generator=g).bfloat16()
-    values = torch.randn(1, 2, cached + rows, 128, generator=g).bfloat16()
+    q = torch.randn(1, hq, rows, d, generator=g).bfloat16()
+    keys = torch.randn(1, 2, cached + rows, d, generator=g).bfloat16()
+    values = torch.randn(1, 2, cached + rows, d, generator=g).bfloat16()
     mask = causal_mask(cached, rows, q.device).clone()
     mask[..., rows - 1, cached // 2] = False  # a tree mask: one slot hidden from the last row
     bias = additive_mask(mask)
-    got = ops.short_attention(q, keys, values, bias, 128 ** -0.5)
+    scale = d ** -0.5
+    got = ops.short_attention(q, keys, values, bias, scale)
     want = matmul_attention(q.float(), keys.float(), values.float(), bias)
     torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=1e-2)
     for t in range(rows):
-        alone = ops.short_attention(q[:, :, t:t + 1], keys, values, bias[:, :, t:t + 1],
-                                    128 ** -0.5)
+        alone = ops.short_attention(q[:, :, t:t + 1], keys, values, bias[:, :, t:t + 1], scale)
         assert torch.equal(alone[:, 0], got[:, t]), t
     hidden = values.clone()
     hidden[:, :, cached // 2] = 1e4  # the hidden slot does not matter to the last row ...
-    assert torch.equal(ops.short_attention(q, keys, hidden, bias, 128 ** -0.5)[:, -1], got[:, -1])
+    assert torch.equal(ops.short_attention(q, keys, hidden, bias, scale)[:, -1], got[:, -1])
     # ... and does to the others (the negative control)
-    assert not torch.equal(ops.short_attention(q, keys, hidden, bias, 128 ** -0.5)[:, 0], got[:, 0])
+    assert not torch.equal(ops.short_attention(q, keys, hidden, bias, scale)[:, 0], got[:, 0])
+
+
+BF16_PAIR_CASES = [(12, 16, 300, 128), (14, 16, 64, 64), (14, 16, 64, 128), (12, 3, 1000, 128),
+                   (12, 2, 5, 128)]
+
+
+@pytest.mark.skipif(not attention_amx(), reason="bf16 attention on AMX tiles needs an AMX CPU")
+@pytest.mark.parametrize(("hq", "rows", "cached", "d"), BF16_PAIR_CASES)
+def test_amx_attention_matches_the_reference_and_each_row_alone(hq, rows, cached, d):
+    check_bf16_pair_attention(hq, rows, cached, d)  # kernels/attention_amx.cpp
+
+
+@pytest.mark.skipif(not attention_bf16_pairs(),
+                    reason="bf16 scores on AVX512-BF16 pairs need AVX512-BF16 and no AMX")
+@pytest.mark.parametrize(("hq", "rows", "cached", "d"), BF16_PAIR_CASES)
+def test_bf16_pair_attention_matches_the_reference_and_each_row_alone(hq, rows, cached, d):
+    check_bf16_pair_attention(hq, rows, cached, d)  # kernels/attention_bf16.cpp
 
 
 def test_short_attention_groups_query_heads_onto_their_kv_head():

@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "attention_amx.h"
+#include "attention_bf16.h"
+#include "bf16_key_pairs.h"
 #include "simd_math.h"
 
 namespace {
@@ -345,9 +347,28 @@ float sum_in_lanes(const float* row, int64_t s) {
 // 64-byte aligned: the vector loads of keys, values and scores then never straddle two cache
 // lines (a straddling load costs two; with malloc's 16-byte alignment one thread's 16-row
 // scores took 175k reference cycles against the other's 93k, the attention 108 -> 87 us)
-float* scratch(std::vector<float>& buf, int64_t n) {
+template <typename E>
+E* scratch(std::vector<E>& buf, int64_t n) {
+  static_assert(sizeof(E) == 4, "16 elements of padding make 64 bytes");
   if (static_cast<int64_t>(buf.size()) < n + 16) buf.resize(static_cast<size_t>(n + 16));
-  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+  return reinterpret_cast<E*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+}
+
+// sc [n x s_pad] = scale (q_i . k_j) on AVX512-BF16 pairs (attention_bf16.cpp) for n query rows
+// (query_row(i): a row's d bf16 dims) against s keys (rows kstride apart), with the keys in
+// VNNI pairs in kt and the query rows gathered in q32 (64-byte aligned scratch, s_pad d / 2 and
+// n d / 2 dwords); nothing for fp32 rows, which never take this path
+template <typename T, typename Row>
+void bf16_scores(const T* k, int64_t kstride, int64_t s, int64_t s_pad, int64_t d, int64_t n, Row query_row,
+                 float scale, uint32_t* kt, uint32_t* q32, float* sc) {
+#if DRAFTSMAN_KEY_PAIRS
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    draftsman_attention::key_pairs::transpose_keys(reinterpret_cast<const uint32_t*>(k), kstride / 2, s, s_pad,
+                                                   d / 32, kt);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(q32 + i * d / 2, query_row(i), 2 * d);
+    draftsman_attention::bf16_pair_scores(q32, n, d, kt, s_pad, scale, sc);
+  }
+#endif
 }
 
 template <typename T>
@@ -355,7 +376,12 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
                  const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
   const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t hkv = keys.size(1), s = keys.size(2), group = hq / hkv;
-  const int64_t s_pad = (s + 15) / 16 * 16, per_task = rows_per_task(t, b * hkv);
+  // bf16 rows: scores on AVX512-BF16 pairs where the CPU has them (attention_bf16.cpp), keys
+  // padded to its passes of 64; else fp32 scores, keys padded to 16
+  bool pairs = false;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) pairs = draftsman_attention::bf16_pairs_attention_available();
+  const int64_t step = pairs ? draftsman_attention::KEY_PAIRS_STEP : 16;
+  const int64_t s_pad = (s + step - 1) / step * step, per_task = rows_per_task(t, b * hkv);
   const int64_t chunks = (t + per_task - 1) / per_task;
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   const int64_t bias_b = bias && bias->size(0) > 1 ? bias->stride(0) : 0;
@@ -363,25 +389,34 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   T* op = out.data_ptr<T>();
   at::parallel_for(0, b * hkv * chunks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> kbuf, vbuf, qbuf, sbuf, abuf;
+    thread_local std::vector<uint32_t> kpairs, qpairs;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bi = task / (hkv * chunks), g = (task / chunks) % hkv;
       const int64_t r0 = (task % chunks) * per_task, rows = std::min(per_task, t - r0);
       const int64_t n = rows * group;  // query rows: (new row, head in the group)
-      float* kf = scratch(kbuf, s_pad * d);
       float* vf = scratch(vbuf, s * d);
-      float* qf = scratch(qbuf, n * d);
       float* sc = scratch(sbuf, n * s_pad);
       float* acc = scratch(abuf, n * d);
       const T* kb = keys.data_ptr<T>() + bi * keys.stride(0) + g * keys.stride(1);
       const T* vb = values.data_ptr<T>() + bi * values.stride(0) + g * values.stride(1);
-      transposed_keys(kb, keys.stride(2), s, d, kf, s_pad);
-      for (int64_t j = 0; j < s; ++j) to_floats(vb + j * values.stride(2), d, vf + j * d);
-      for (int64_t i = 0; i < n; ++i) {
+      const auto query_row = [&](int64_t i) {  // (new row, head in the group)
         const int64_t ti = r0 + i / group, h = g * group + i % group;
-        const T* qr = q.data_ptr<T>() + bi * q.stride(0) + h * q.stride(1) + ti * q.stride(2);
-        for (int64_t e = 0; e < d; e += 16) _mm512_storeu_ps(qf + i * d + e, _mm512_mul_ps(load16(qr + e), _mm512_set1_ps(scale)));
+        return q.data_ptr<T>() + bi * q.stride(0) + h * q.stride(1) + ti * q.stride(2);
+      };
+      if (pairs) {
+        bf16_scores(kb, keys.stride(2), s, s_pad, d, n, query_row, scale, scratch(kpairs, s_pad * d / 2),
+                    scratch(qpairs, n * d / 2), sc);
+      } else {
+        float* kf = scratch(kbuf, s_pad * d);
+        float* qf = scratch(qbuf, n * d);
+        transposed_keys(kb, keys.stride(2), s, d, kf, s_pad);
+        for (int64_t i = 0; i < n; ++i) {
+          const T* qr = query_row(i);
+          for (int64_t e = 0; e < d; e += 16) _mm512_storeu_ps(qf + i * d + e, _mm512_mul_ps(load16(qr + e), _mm512_set1_ps(scale)));
+        }
+        scores_wide(qf, n, kf, s_pad, d, sc);
       }
-      scores_wide(qf, n, kf, s_pad, d, sc);
+      for (int64_t j = 0; j < s; ++j) to_floats(vb + j * values.stride(2), d, vf + j * d);
       for (int64_t i = 0; i < n; ++i) {
         const float* br = bp ? bp + bi * bias_b + (r0 + i / group) * bias_t : nullptr;
         softmax_numerators(sc + i * s_pad, br, s);

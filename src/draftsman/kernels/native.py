@@ -29,11 +29,12 @@ from draftsman.store.home import draftsman_home
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("gguf_matmul.cpp", "gguf_matmul_records.cpp", "gguf_pack_records.cpp",
                  "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp",
-                 "attention_amx.cpp"))
+                 "attention_amx.cpp", "attention_bf16.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
-                 "simd_math.h", "attention_amx.h", "q8_records.h", "check_message.h",
-                 "kquant_records_avx2.h", "kquant_records_pairs.h"))
+                 "simd_math.h", "attention_amx.h", "attention_bf16.h", "bf16_key_pairs.h",
+                 "q8_records.h", "check_message.h", "kquant_records_avx2.h",
+                 "kquant_records_pairs.h"))
 _reason: list[str] = []
 
 
@@ -230,6 +231,19 @@ def attention_amx() -> bool:
     import ctypes
 
     return bool(ctypes.CDLL(str(library_path())).draftsman_attention_amx())
+
+
+@cache
+def attention_bf16_pairs() -> bool:
+    """Whether short attention of bf16 rows scores them on AVX512-BF16 pairs (`vdpbf16ps`,
+    kernels/attention_bf16.cpp) where no AMX tiles take the rows: a CPU with AVX512-BF16 (Zen 4
+    and later EPYCs, Cooper Lake and later Xeons); the softmax and the weighted values stay
+    fp32. DRAFTSMAN_ATTENTION_BF16=0 turns it off (fp32 scores on the same CPU)."""
+    if not kquant_available() or attention_amx():
+        return False
+    import ctypes
+
+    return bool(ctypes.CDLL(str(library_path())).draftsman_attention_bf16_pairs())
 
 
 @cache
