@@ -194,7 +194,8 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
                   file=sys.stderr)
         if getattr(engine.target.model, "fused_cpu_ops", False):
             tiles = (" (bf16 attention on AMX-BF16 tiles)" if attention_amx() else
-                     " (bf16 attention scores on AVX512-BF16 pairs)" if attention_bf16_pairs() else "")
+                     " (bf16 attention scores on AVX512-BF16 pairs)" if attention_bf16_pairs()
+                     else "")
             print("ops: norms, SwiGLU and short attention on draftsman's fused CPU kernels"
                   + tiles, file=sys.stderr)
         if not kquant_available() and any(k.startswith(("Q4_K", "Q6_K")) for k in summary):
