@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "amx_tiles.h"
+#include "env_switch.h"
 #include "bf16_key_pairs.h"
 #include "simd_math.h"
 
@@ -45,10 +46,7 @@ namespace draftsman_attention {
 bool amx_attention_available() {
 #if DRAFTSMAN_AMX_BF16
   // DRAFTSMAN_ATTENTION_AMX=0: the vector path on the same CPU (to measure one against the other)
-  static const bool off = [] {
-    const char* v = std::getenv("DRAFTSMAN_ATTENTION_AMX");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
+  static const bool off = draftsman_env::turned_off("DRAFTSMAN_ATTENTION_AMX");
   return !off && draftsman_amx::amx_permitted();
 #else
   return false;

@@ -12,20 +12,15 @@
 
 #include "attention_bf16.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "bf16_key_pairs.h"
+#include "env_switch.h"
 
 namespace draftsman_attention {
 
 bool bf16_pairs_attention_available() {
 #if DRAFTSMAN_KEY_PAIRS
   // DRAFTSMAN_ATTENTION_BF16=0: the fp32 scores on the same CPU (to measure one against the other)
-  static const bool off = [] {
-    const char* v = std::getenv("DRAFTSMAN_ATTENTION_BF16");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
+  static const bool off = draftsman_env::turned_off("DRAFTSMAN_ATTENTION_BF16");
   return !off;
 #else
   return false;
