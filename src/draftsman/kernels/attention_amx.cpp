@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "amx_tiles.h"
-#include "env_switch.h"
 #include "bf16_key_pairs.h"
+#include "env_switch.h"
 #include "simd_math.h"
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512F__) && \

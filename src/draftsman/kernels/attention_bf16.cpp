@@ -63,11 +63,12 @@ inline void score_block(const uint32_t* q32, int64_t half_d, const uint32_t* kt,
 
 }  // namespace
 
-// a pass of 64 keys (16 KiB of kt at d = 128, in L1) for every row, 4 rows at a time, then 2,
-// then 1
-void bf16_pair_scores(const uint32_t* q32, int64_t n, int64_t d, const uint32_t* kt, int64_t s_pad, float scale,
-                      float* sc) {
+// the keys in VNNI pairs once, then a pass of 64 keys (16 KiB of kt at d = 128, in L1) for
+// every row, 4 rows at a time, then 2, then 1
+void bf16_pair_scores(const uint16_t* keys, int64_t kstride, int64_t s, int64_t s_pad, int64_t d,
+                      const uint32_t* q32, int64_t n, float scale, uint32_t* kt, float* sc) {
   const int64_t half_d = d / 2, chunks = d / 32;
+  key_pairs::transpose_keys(reinterpret_cast<const uint32_t*>(keys), kstride / 2, s, s_pad, chunks, kt);
   for (int64_t kb = 0; kb < s_pad / TILE; kb += KEY_BLOCKS) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) score_block<4>(q32 + i * half_d, half_d, kt, chunks, kb, scale, sc + i * s_pad, s_pad);
@@ -76,7 +77,8 @@ void bf16_pair_scores(const uint32_t* q32, int64_t n, int64_t d, const uint32_t*
   }
 }
 #else
-void bf16_pair_scores(const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, float, float*) {}
+void bf16_pair_scores(const uint16_t*, int64_t, int64_t, int64_t, int64_t, const uint32_t*, int64_t, float,
+                      uint32_t*, float*) {}
 #endif
 
 }  // namespace draftsman_attention

@@ -24,7 +24,6 @@
 
 #include "attention_amx.h"
 #include "attention_bf16.h"
-#include "bf16_key_pairs.h"
 #include "simd_math.h"
 
 namespace {
@@ -354,23 +353,6 @@ E* scratch(std::vector<E>& buf, int64_t n) {
   return reinterpret_cast<E*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
 }
 
-// sc [n x s_pad] = scale (q_i . k_j) on AVX512-BF16 pairs (attention_bf16.cpp) for n query rows
-// (query_row(i): a row's d bf16 dims) against s keys (rows kstride apart), with the keys in
-// VNNI pairs in kt and the query rows gathered in q32 (64-byte aligned scratch, s_pad d / 2 and
-// n d / 2 dwords); nothing for fp32 rows, which never take this path
-template <typename T, typename Row>
-void bf16_scores(const T* k, int64_t kstride, int64_t s, int64_t s_pad, int64_t d, int64_t n, Row query_row,
-                 float scale, uint32_t* kt, uint32_t* q32, float* sc) {
-#if DRAFTSMAN_KEY_PAIRS
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    draftsman_attention::key_pairs::transpose_keys(reinterpret_cast<const uint32_t*>(k), kstride / 2, s, s_pad,
-                                                   d / 32, kt);
-    for (int64_t i = 0; i < n; ++i) std::memcpy(q32 + i * d / 2, query_row(i), 2 * d);
-    draftsman_attention::bf16_pair_scores(q32, n, d, kt, s_pad, scale, sc);
-  }
-#endif
-}
-
 template <typename T>
 void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                  const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
@@ -403,9 +385,11 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
         const int64_t ti = r0 + i / group, h = g * group + i % group;
         return q.data_ptr<T>() + bi * q.stride(0) + h * q.stride(1) + ti * q.stride(2);
       };
-      if (pairs) {
-        bf16_scores(kb, keys.stride(2), s, s_pad, d, n, query_row, scale, scratch(kpairs, s_pad * d / 2),
-                    scratch(qpairs, n * d / 2), sc);
+      if (pairs) {  // bf16 rows only: their d dims are d / 2 dwords of pairs
+        uint32_t* q32 = scratch(qpairs, n * d / 2);
+        for (int64_t i = 0; i < n; ++i) std::memcpy(q32 + i * d / 2, query_row(i), 2 * d);
+        draftsman_attention::bf16_pair_scores(reinterpret_cast<const uint16_t*>(kb), keys.stride(2), s, s_pad, d, q32,
+                                              n, scale, scratch(kpairs, s_pad * d / 2), sc);
       } else {
         float* kf = scratch(kbuf, s_pad * d);
         float* qf = scratch(qbuf, n * d);
