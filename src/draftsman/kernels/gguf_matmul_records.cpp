@@ -611,13 +611,14 @@ inline void i8_group(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, 
 // vectors, in passes of at most PAIR_ROWS rows over each pair of blocks; their sums to acca,
 // accb (16 a row). The last record is half where `half` says.
 template <typename Sum>
-void q4k_pair_groups(const uint8_t* wa, const uint8_t* wb, const Q8Block* x, int64_t nb, bool half,
-                     int64_t row_step, int64_t block_step, int rows, float* acca, float* accb) {
+void q4k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t group_bytes, const Q8Block* x, int64_t nb,
+                     bool half, int64_t row_step, int64_t block_step, int rows, float* acca, float* accb) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows, PAIR_ROWS);
   for (int64_t b = 0; b < nb; ++b) {
     const bool last_half = half && b == nb - 1;
-    RecordPrefetch aheada(wa, RECORD), aheadb(wb, RECORD);
+    const uint8_t* ahead = pair_ahead(wa, b, nb, group_bytes, RECORD);
+    RecordPrefetch aheada = RecordPrefetch::at(ahead, RECORD), aheadb = RecordPrefetch::at(ahead + group_bytes, RECORD);
     const Q4kScales<Sum> sa(wa), sb(wb);
     for (int m0 = 0; m0 < rows; m0 += pass) {
       const Q8Block* xb = x + b * block_step + m0 * row_step;
@@ -641,14 +642,16 @@ void q4k_pair_groups(const uint8_t* wa, const uint8_t* wb, const Q8Block* x, int
 
 // The same for Q6_K, each pair of blocks unpacked once into L1 for every pass.
 template <typename Sum>
-void q6k_pair_groups(const uint8_t* wa, const uint8_t* wb, const Q8Block* x, int64_t nb, int64_t row_step,
-                     int64_t block_step, int rows, float* acca, float* accb) {
+void q6k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t group_bytes, const Q8Block* x, int64_t nb,
+                     int64_t row_step, int64_t block_step, int rows, float* acca, float* accb) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows, PAIR_ROWS);
   alignas(64) uint8_t bytesa[Q6kUnpacked::BYTES], bytesb[Q6kUnpacked::BYTES];
   Q6kUnpacked ua{bytesa}, ub{bytesb};
   for (int64_t b = 0; b < nb; ++b, wa += Q6_RECORD, wb += Q6_RECORD) {
-    RecordPrefetch aheada(wa, Q6_RECORD), aheadb(wb, Q6_RECORD);
+    const uint8_t* ahead = pair_ahead(wa, b, nb, group_bytes, Q6_RECORD);
+    RecordPrefetch aheada = RecordPrefetch::at(ahead, Q6_RECORD),
+                   aheadb = RecordPrefetch::at(ahead + group_bytes, Q6_RECORD);
     const Q6kScales<Sum> sa(wa), sb(wb);
     ua.unpack(wa, false);
     ub.unpack(wb, false);
@@ -692,11 +695,11 @@ void groups_product(int64_t qtype, const uint8_t* w, int64_t group_bytes, int co
     const uint8_t* wb = w + group_bytes;
     float* accb = acc + acc_step;
     if (qtype == TYPE_Q4_K) {
-      if (int_sums) return q4k_pair_groups<IntSum>(w, wb, x, nb, half, row_step, block_step, rows, acc, accb);
-      return q4k_pair_groups<FloatSum>(w, wb, x, nb, half, row_step, block_step, rows, acc, accb);
+      if (int_sums) return q4k_pair_groups<IntSum>(w, wb, group_bytes, x, nb, half, row_step, block_step, rows, acc, accb);
+      return q4k_pair_groups<FloatSum>(w, wb, group_bytes, x, nb, half, row_step, block_step, rows, acc, accb);
     }
-    if (int_sums) return q6k_pair_groups<IntSum>(w, wb, x, nb, row_step, block_step, rows, acc, accb);
-    return q6k_pair_groups<FloatSum>(w, wb, x, nb, row_step, block_step, rows, acc, accb);
+    if (int_sums) return q6k_pair_groups<IntSum>(w, wb, group_bytes, x, nb, row_step, block_step, rows, acc, accb);
+    return q6k_pair_groups<FloatSum>(w, wb, group_bytes, x, nb, row_step, block_step, rows, acc, accb);
   }
   for (int i = 0; i < count; ++i, w += group_bytes, acc += acc_step) {
     if (qtype == TYPE_Q4_K) {

@@ -41,8 +41,11 @@ using draftsman_kquant::Q8Block;
 // record, one row 160-238 -> 164-168; an Emerald Rapids core).
 class RecordPrefetch {
  public:
-  RecordPrefetch(const uint8_t* record, int bytes)
-      : next_(reinterpret_cast<const char*>(record) + AHEAD * bytes), last_(next_ + bytes - 1) {}
+  static constexpr int AHEAD = 8;
+  // The record AHEAD records past `record`: a stream of one group's records after another.
+  RecordPrefetch(const uint8_t* record, int bytes) : RecordPrefetch(record + AHEAD * bytes, bytes, 0) {}
+  // `target` itself, a record of `bytes` (paired groups read two streams: pair_ahead).
+  static RecordPrefetch at(const uint8_t* target, int bytes) { return RecordPrefetch(target, bytes, 0); }
   void line() {
     _mm_prefetch(std::min(next_, last_), _MM_HINT_T1);
     next_ += 64;
@@ -52,7 +55,8 @@ class RecordPrefetch {
   }
 
  private:
-  static constexpr int AHEAD = 8;
+  RecordPrefetch(const uint8_t* target, int bytes, int /*tag*/)
+      : next_(reinterpret_cast<const char*>(target)), last_(next_ + bytes - 1) {}
   const char* next_;
   const char* last_;
 };
