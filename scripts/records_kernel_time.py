@@ -48,7 +48,8 @@ def main() -> int:
     p.add_argument("--qtype", choices=("q4_k", "q6_k", "i8_row"), default="q4_k",
                    help="the weights' block type (i8_row: q8's int8 rows, one scale each)")
     p.add_argument("--shape", default="8960,1536",
-                   help="out,in features of each matrix (in: a multiple of 256, or of 128 for i8_row)")
+                   help="out,in features of each matrix (in: a multiple of 256, "
+                        "or of 128 for i8_row)")
     a = p.parse_args()
     out, inner = (int(v) for v in a.shape.split(","))
     if not kquant_records():

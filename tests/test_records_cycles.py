@@ -35,7 +35,8 @@ def test_it_builds_and_counts_every_row_count_from_l2_and_memory():
 
 def test_bad_options_are_refused_in_one_line():
     for args, message in ((["--qtypes", "q5_k"], "unknown --qtypes q5_k"),
-                          (["--rows", "0,17"], "--rows must be 1..16")):
+                          (["--rows", "0,17"], "--rows must be 1..16"),
+                          (["--k", "1000"], "--k must be a positive multiple of 256")):
         run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
                              text=True, timeout=120)
         if run.returncode == 2 and "no K-quant records" in run.stderr:
