@@ -191,6 +191,20 @@ def test_provenance_says_what_the_folder_records(tmp_path: Path) -> None:
     assert provenance(tmp_path, rows[:1]).endswith("; commit 000000000000; `draftsman x`_")
 
 
+def test_curves_from_profile_files_name_their_machine_and_commits(tmp_path: Path) -> None:
+    folder = tmp_path / "bench-results" / "curves"
+    folder.mkdir(parents=True)
+    for name, commit in (("before", "a" * 40), ("after", "b" * 40 + "+dirty")):
+        (folder / f"{name}.json").write_text(json.dumps({
+            "latency": {"1": 0.02, "16": 0.04}, "command": "draftsman profile --dtype q4",
+            "env": {"cpu": "Some CPU", "isa": "avx2 avx512f", "git_commit": commit}}))
+    said = render("bench-results/curves", {"table": "curves", "files": "before.json|after.json"},
+                  tmp_path)
+    assert said.startswith("_Some CPU (avx2 avx512f); commit aaaaaaaaaaaa, bbbbbbbbbbbb+dirty; "
+                           "`draftsman profile --dtype q4`_"), said
+    assert "| after | 20.0 (1.00) | 40.0 (2.00) |" in said
+
+
 def test_bad_markers_are_refused(tmp_path: Path) -> None:
     with pytest.raises(DocsTableError, match="unknown table option"):
         regenerate("<!-- results: bench-results/cpu-amx colour=red -->\n<!-- /results -->",

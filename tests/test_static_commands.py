@@ -55,3 +55,19 @@ def test_profile_static_is_a_profile_of_its_own(tmp_path, models, monkeypatch,  
     assert kinds[0] != kinds[1] and "static" in kinds[1]
     static = load_bundle(target, "fp32", device="cpu", static=True)
     assert model_kind(static.model, "fp32") == "fp32-static"
+
+
+def test_profile_json_records_where_and_how_it_was_timed(tmp_path, models, monkeypatch,  # noqa: F811
+                                                         capsys) -> None:
+    monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+    assert main(["profile", "--target", str(models[0]), "--dtype", "fp32", "--device", "cpu",
+                 "--lengths", "1,2", "--context", "8", "--repeats", "1", "--threads", "1",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["latency"]) == {"1", "2"}
+    assert out["settings"] == {"model": str(models[0]), "backend": "torch", "lengths": [1, 2],
+                               "context": 8, "repeats": 1}
+    env = out["env"]
+    assert env["threads"] == 1 and env["dtype"] == "fp32" and "git_commit" in env
+    assert {"cpu", "isa", "cores", "torch"} <= set(env)
+    assert out["command"].startswith("draftsman")

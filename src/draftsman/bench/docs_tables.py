@@ -32,7 +32,8 @@ Options (all optional, space separated KEY=VALUE without spaces in a value):
 registry declares them. Between the results markers go a line naming the machine, the
 commit(s) and the command that produced the folder (from its rows, else run.json's `env`;
 the command from run.json, summary.json or command.txt; for table=curves, the folders the
-files sit in), then the table, as `draftsman bench` computes it from the folder's files
+files sit in, else the files' own `env` and `command`, which `draftsman profile --json`
+records), then the table, as `draftsman bench` computes it from the folder's files
 today. `--check` fails naming every table that differs from what its folder produces, or
 whose folder does not exist; without it the files are rewritten in place.
 
@@ -119,6 +120,7 @@ def provenance(folder: Path | list[Path], rows: list[dict[str, Any]]) -> str:
     said = f"_{device or 'machine not recorded'}; {said_commits}"
     commands = [c for c in dict.fromkeys(run.get("command") or _summary_command(f)
                                          for f, run in zip(folders, runs, strict=True)) if c]
+    commands = commands or [c for c in dict.fromkeys(r.get("command") for r in rows) if c]
     return said + "".join(f"; `{c}`" for c in commands) + "_"
 
 
@@ -200,9 +202,12 @@ def render(folder_name: str, options: dict[str, str], root: Path = ROOT) -> str:
             raise DocsTableError("table=curves needs files=a.json|b.json")
         files = options["files"].split("|")
         table = curves_table(folder, files)
-        # the machine and command: the folders the files sit in (a run's verify_cost.json)
+        # the machine and command: the folders the files sit in (a run's verify_cost.json),
+        # else the files themselves (`draftsman profile --json` records its env and command)
         sources = list(dict.fromkeys((folder / name).parent for name in files))
-        rows = [row for source in sources for row in _json_rows(source)]
+        rows = [row for source in sources for row in _json_rows(source)] or [
+            curve for curve in (json.loads((folder / name).read_text()) for name in files)
+            if curve.get("env")]
     else:
         rows = read_rows(folder)
         table = bench_table(folder_name, rows, options)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 import torch
 
+from draftsman.bench.results import environment
 from draftsman.cli.common import add_device_arg, positive_ints
 from draftsman.cli.generate_cmd import add_compile_arg, add_numerics_arg, static_option
 from draftsman.engine import DEFAULT_TARGET, load_bundle
@@ -73,7 +75,14 @@ def run(args: argparse.Namespace) -> int:
                                  "context": args.context, "repeats": args.repeats})
     speed = _predicted(args.prompt_tokens, latency)
     if args.json:
-        print(json.dumps({"profile": str(path), "latency": latency, "predicted": speed}))
+        # where and how it was timed, as a bench row records it: a results folder of these
+        # files names its machine and commit without a note written by hand
+        print(json.dumps({"profile": str(path), "latency": latency, "predicted": speed,
+                          "command": shlex.join(["draftsman", *sys.argv[1:]]),
+                          "settings": {"model": bundle.name, "backend": args.backend,
+                                       "lengths": lengths, "context": args.context,
+                                       "repeats": args.repeats},
+                          "env": environment(kind, args.numerics)}))
         return 0
     base = latency[lengths[0]]
     print(f"{'n':>4} {'ms':>9} {'x L(1)':>7}")
