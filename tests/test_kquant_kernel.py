@@ -165,7 +165,7 @@ def records_mm(x: torch.Tensor, rows: np.ndarray, qtype: Q, tiles: int) -> torch
 def test_records_compute_the_scalar_paths_sums(qtype, tiles):
     """40 weight rows (two groups of 16 and a padded one), 1..37 activation rows (one vector
     pass of up to 8 rows for Q4_K and 5 for Q6_K, several passes, the first two groups paired
-    from 10 / 12 rows and the third alone, partial and several tiles of 16), an outlier row,
+    from 6 rows and the third alone, partial and several tiles of 16), an outlier row,
     against the scalar path and the reference."""
     rows = random_blocks(qtype, 40, 768, seed=5)
     x = torch.randn(37, 768)
@@ -184,10 +184,10 @@ def test_records_compute_the_scalar_paths_sums(qtype, tiles):
 @pytest.mark.parametrize("tiles", PATHS)
 @pytest.mark.parametrize("qtype", TYPES)
 def test_record_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype, tiles):
-    """Up to 8 (Q4_K) or 5 (Q6_K) rows take one vpdpbusd pass, more several passes, from 10
-    (Q4_K) or 12 (Q6_K) two groups at once (kquant_records_pairs.h; of 3 groups, 2 paired and
-    1 alone) or the tiles (17+: blocks laid out block-major): each row's own arithmetic, so
-    the same bits whichever path a row count takes."""
+    """Up to 8 (Q4_K) or 5 (Q6_K) rows take one vpdpbusd pass, more several passes, from 6
+    rows two groups at once (kquant_records_pairs.h; of 3 groups, 2 paired and 1 alone) or
+    the tiles (17+: blocks laid out block-major): each row's own arithmetic, so the same bits
+    whichever path a row count takes."""
     assert_batch_invariant(lambda x, rows, q: records_mm(x, rows, q, tiles), qtype,
                            (2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 21, 40), seed=6)
 

@@ -670,15 +670,15 @@ void q6k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t group_bytes, 
 
 // Whether a call's groups go two at a time (kquant_records_pairs.h): Q4_K and Q6_K on
 // vectors (not where the tiles take the rows), from as many rows as pairing measured faster
-// in whole forwards (the 1.5B q4 after 256 tokens, pairs and single groups interleaved in
-// one process on a Zen 5 EPYC: 16 rows 59.0 -> 51.1 ms, 12 rows 45.8 -> 40.9). From memory,
-// with fewer rows the single groups stay ahead (Q4_K at 6 and 8 rows, Q6_K at 8 and 10:
-// 1-3 ms a forward), though from L2 pairs win from 2 rows: streaming two groups' records
-// at once costs more than the loads pairing saves while the rows are few.
-constexpr int PAIR_FROM_ROWS_Q4K = 10, PAIR_FROM_ROWS_Q6K = 12;
+// in whole forwards (the 1.5B q4 after 256 tokens, the two builds alternated on a Zen 5
+// EPYC: 16 rows 59.0 -> 51.1 ms, 12 rows 45.8 -> 40.9; once pairs prefetched in their order
+// of work, 8 rows 27.9-30.6 -> 26.2-27.9 and 6 rows 24.4-26.1 -> 22.2-22.8, the 0.5B's
+// level). Below 6 rows the single groups stay ahead (5 rows 19.7-20.3 against 20.5-21.3, 4
+// rows 18.8-23.3 against 20.0-28.6): while the rows are few a step is bound by the weight
+// stream, and two groups' records streamed at once come in slower than one group's.
+constexpr int PAIR_FROM_ROWS = 6;
 inline bool pair_groups(int64_t qtype, int64_t rows, bool tiles) {
-  const int64_t from = qtype == TYPE_Q4_K ? PAIR_FROM_ROWS_Q4K : qtype == TYPE_Q6_K ? PAIR_FROM_ROWS_Q6K : 0;
-  return DRAFTSMAN_RECORDS && from > 0 && rows >= from && !tiles;
+  return DRAFTSMAN_RECORDS && (qtype == TYPE_Q4_K || qtype == TYPE_Q6_K) && rows >= PAIR_FROM_ROWS && !tiles;
 }
 
 #if DRAFTSMAN_RECORDS

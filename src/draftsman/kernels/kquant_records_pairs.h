@@ -1,6 +1,6 @@
 // Two groups of 16 weight rows (32 output columns) against the same activation rows at once:
-// the K-quant records' vector path for a verify's many rows (from 10 for Q4_K, 12 for Q6_K:
-// `pair_groups` in gguf_matmul_records.cpp, which says why not fewer).
+// the K-quant records' vector path for a verify's many rows (from 6: `pair_groups` in
+// gguf_matmul_records.cpp, which says why not fewer).
 //
 // Why: on a Zen 5 core a vector load is the scarce thing, not the multiply. It issues two
 // vpdpbusd and two vector loads a cycle, and the one-group path spends a load per product
