@@ -674,7 +674,7 @@ void q6k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t group_bytes, 
 // EPYC: 16 rows 59.0 -> 51.1 ms, 12 rows 45.8 -> 40.9; once pairs prefetched in their order
 // of work, 8 rows 27.9-30.6 -> 26.2-27.9 and 6 rows 24.4-26.1 -> 22.2-22.8, the 0.5B's
 // level). Below 6 rows the single groups stay ahead (5 rows 19.7-20.3 against 20.5-21.3, 4
-// rows 18.8-23.3 against 20.0-28.6): while the rows are few a step is bound by the weight
+// rows 18.1-23.3 against 20.0-29.1): while the rows are few a step is bound by the weight
 // stream, and two groups' records streamed at once come in slower than one group's.
 constexpr int PAIR_FROM_ROWS = 6;
 inline bool pair_groups(int64_t qtype, int64_t rows, bool tiles) {
