@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 import signal
 import sys
 import time
@@ -13,6 +12,7 @@ from draftsman.bench.presets import PRESETS
 from draftsman.bench.results import ResultsFile
 from draftsman.bench.runner import BenchConfig, run_bench
 from draftsman.bench.tables import table_md
+from draftsman.cli.common import command_line
 from draftsman.cli.generate_cmd import add_model_args, add_sampling_args, static_option
 from draftsman.errors import InvalidArgumentError
 
@@ -107,7 +107,7 @@ def config_from_args(args: argparse.Namespace):
         top_k=args.top_k, top_p=args.top_p, out=out,
         resume=args.resume,
         warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
-        command="draftsman " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "", **values)
+        command=command_line() if sys.argv[1:] else "", **values)
 
 
 def _interrupt(signum: int, frame: object) -> None:

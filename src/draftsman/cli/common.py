@@ -1,5 +1,5 @@
-"""Helpers shared by the sub-command modules: comma-separated values, --device and sub-command
-registration.
+"""Helpers shared by the sub-command modules: comma-separated values, --device, sub-command
+registration and the command line a results folder records.
 
 Every parser raises `InvalidArgumentError` naming the flag, so a bad value prints one line.
 """
@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
+import sys
 from collections.abc import Iterable
 
 from draftsman.device import DEVICE_HELP
 from draftsman.errors import InvalidArgumentError
+
+
+def command_line() -> str:
+    """This process's command as a user would type it again: `draftsman ARGS`, shell-quoted."""
+    return shlex.join(["draftsman", *sys.argv[1:]])
 
 
 def csv_items(text: str) -> list[str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from draftsman.bench.load import (
     run_round,
     summary_table,
 )
-from draftsman.cli.common import positive_ints
+from draftsman.cli.common import command_line, positive_ints
 from draftsman.errors import InvalidArgumentError
 
 DEFAULT_DATASETS = ("code-edit", "mt-bench", "humaneval")
@@ -127,5 +126,5 @@ def run(args: argparse.Namespace) -> int:
             f"{table}\n")
         plot_load(rows, args.out / "load.png")
         (args.out / "run.json").write_text(json.dumps(
-            {"command": shlex.join(["draftsman", *sys.argv[1:]])}) + "\n")
+            {"command": command_line()}) + "\n")
     return 0

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 
 import torch
 
 from draftsman.bench.results import environment
-from draftsman.cli.common import add_device_arg, positive_ints
+from draftsman.cli.common import add_device_arg, command_line, positive_ints
 from draftsman.cli.generate_cmd import add_compile_arg, add_numerics_arg, static_option
 from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         # where and how it was timed, as a bench row records it: a results folder of these
         # files names its machine and commit without a note written by hand
         print(json.dumps({"profile": str(path), "latency": latency, "predicted": speed,
-                          "command": shlex.join(["draftsman", *sys.argv[1:]]),
+                          "command": command_line(),
                           "settings": {"model": bundle.name, "backend": args.backend,
                                        "lengths": lengths, "context": args.context,
                                        "repeats": args.repeats},

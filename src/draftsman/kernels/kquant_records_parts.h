@@ -43,9 +43,12 @@ class RecordPrefetch {
  public:
   static constexpr int AHEAD = 8;
   // The record AHEAD records past `record`: a stream of one group's records after another.
-  RecordPrefetch(const uint8_t* record, int bytes) : RecordPrefetch(record + AHEAD * bytes, bytes, 0) {}
+  RecordPrefetch(const uint8_t* record, int bytes)
+      : RecordPrefetch(reinterpret_cast<const char*>(record + AHEAD * bytes), bytes) {}
   // `target` itself, a record of `bytes` (paired groups read two streams: pair_ahead).
-  static RecordPrefetch at(const uint8_t* target, int bytes) { return RecordPrefetch(target, bytes, 0); }
+  static RecordPrefetch at(const uint8_t* target, int bytes) {
+    return RecordPrefetch(reinterpret_cast<const char*>(target), bytes);
+  }
   void line() {
     _mm_prefetch(std::min(next_, last_), _MM_HINT_T1);
     next_ += 64;
@@ -55,8 +58,7 @@ class RecordPrefetch {
   }
 
  private:
-  RecordPrefetch(const uint8_t* target, int bytes, int /*tag*/)
-      : next_(reinterpret_cast<const char*>(target)), last_(next_ + bytes - 1) {}
+  RecordPrefetch(const char* first, int bytes) : next_(first), last_(first + bytes - 1) {}
   const char* next_;
   const char* last_;
 };
