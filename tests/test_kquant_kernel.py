@@ -16,6 +16,7 @@ from gguf.quants import dequantize
 from test_quant import random_blocks
 
 from draftsman.hardware import cpu_flags
+from draftsman.kernels import native
 from draftsman.kernels.native import (
     kquant_amx,
     kquant_available,
@@ -89,6 +90,17 @@ def test_the_widest_path_is_the_one_the_cpu_allows():
     want = ("avx512vnni" if {"avx512bw", "avx512_vnni"} <= flags else
             "avx2" if simd_flags() else "scalar")
     assert kquant_isa() == want
+
+
+def test_the_records_prefetch_is_declared_per_cpu_vendor(monkeypatch, tmp_path):
+    """AMD cores build the non-temporal weight prefetch, Intel cores (and unknown ones) the
+    L2 one: the build flag comes from the vendor, not from the instruction set."""
+    declared = {"AuthenticAMD": ["-DDRAFTSMAN_PREFETCH_NTA=1"], "GenuineIntel": [], "": []}
+    for vendor, want in declared.items():
+        monkeypatch.setattr(native, "cpu_vendor", lambda vendor=vendor: vendor)
+        assert native.prefetch_flags() == want
+        command = native.compile_command(tmp_path / "k.so")
+        assert [arg for arg in command if "PREFETCH" in arg] == want
 
 
 def assert_batch_invariant(kernel, qtype: Q, sizes: tuple[int, ...], seed: int) -> None:

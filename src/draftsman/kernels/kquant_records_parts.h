@@ -30,18 +30,31 @@ namespace draftsman_amx {
 
 using draftsman_kquant::Q8Block;
 
-// The record 8 ahead is fetched into L2 a line at a time, spread over the current record's
-// work. A core keeps only ~16 misses in flight (its fill buffers): a burst of a whole
-// record's lines at its start stalled the core until the buffers drained, so the weight
-// stream and the tile work took turns instead of overlapping (an AMX Xeon, 8960 x 1536 Q4_K
-// from memory, 2 threads: 16 rows 0.62-0.78 -> 0.54-0.56 ms, the compute alone 0.41).
+// The record AHEAD on is fetched a line at a time, spread over the current record's work.
+// Where it goes is declared per CPU vendor (native.py: prefetch_flags). Intel: into L2, 8
+// records ahead (tuned on an AMX Xeon). AMD (DRAFTSMAN_PREFETCH_NTA): non-temporal into L1,
+// 4 ahead. The weights pass once a forward, far more than the caches hold, so they need not
+// stay in L2 or L3, and on a Zen 5 EPYC this streamed faster at every row count (the 1.5B
+// q4, 2 threads: one row 17.0-17.4 -> 14.3-14.5 ms, 8 rows 26.0-26.3 -> 24.8-25.1; the
+// 0.5B's one row 8.5 -> 7.6, 16 rows 18.2 -> 15.4); prefetches into L1 (T0) were between the
+// two, and distances of 2, 4, 6 and 8 records level within noise.
+// A core keeps only ~16 misses in flight (its fill buffers): a burst of a whole record's
+// lines at its start stalled the core until the buffers drained, so the weight stream and
+// the tile work took turns instead of overlapping (an AMX Xeon, 8960 x 1536 Q4_K from
+// memory, 2 threads: 16 rows 0.62-0.78 -> 0.54-0.56 ms, the compute alone 0.41).
 // `line` has no branch (past the record it fetches its last line again): with a test in the
 // unrolled product loops, GCC split them at every call and copied each accumulator between
 // registers at each step, a move per product (Q4_K from L2, 16 rows: 915-960 -> 880 cycles a
 // record, one row 160-238 -> 164-168; an Emerald Rapids core).
 class RecordPrefetch {
  public:
+#if defined(DRAFTSMAN_PREFETCH_NTA)
+  static constexpr int AHEAD = 4;
+  static constexpr auto HINT = _MM_HINT_NTA;
+#else
   static constexpr int AHEAD = 8;
+  static constexpr auto HINT = _MM_HINT_T1;
+#endif
   // The record AHEAD records past `record`: a stream of one group's records after another.
   RecordPrefetch(const uint8_t* record, int bytes)
       : RecordPrefetch(reinterpret_cast<const char*>(record + AHEAD * bytes), bytes) {}
@@ -50,11 +63,11 @@ class RecordPrefetch {
     return RecordPrefetch(reinterpret_cast<const char*>(target), bytes);
   }
   void line() {
-    _mm_prefetch(std::min(next_, last_), _MM_HINT_T1);
+    _mm_prefetch(std::min(next_, last_), HINT);
     next_ += 64;
   }
   void rest() {
-    for (; next_ <= last_; next_ += 64) _mm_prefetch(next_, _MM_HINT_T1);
+    for (; next_ <= last_; next_ += 64) _mm_prefetch(next_, HINT);
   }
 
  private:
