@@ -8,6 +8,8 @@ invariance, thread-count invariance), and a corrupted block must change the answ
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 from test_quant import random_blocks
 
-from draftsman.hardware import cpu_flags
+from draftsman.hardware import cpu_flags, cpu_kind
 from draftsman.kernels import native
 from draftsman.kernels.native import (
     kquant_amx,
@@ -92,15 +94,24 @@ def test_the_widest_path_is_the_one_the_cpu_allows():
     assert kquant_isa() == want
 
 
-def test_the_records_prefetch_is_declared_per_cpu_vendor(monkeypatch, tmp_path):
-    """AMD cores build the non-temporal weight prefetch, Intel cores (and unknown ones) the
-    L2 one: the build flag comes from the vendor, not from the instruction set."""
-    declared = {"AuthenticAMD": ["-DDRAFTSMAN_PREFETCH_NTA=1"], "GenuineIntel": [], "": []}
-    for vendor, want in declared.items():
-        monkeypatch.setattr(native, "cpu_vendor", lambda vendor=vendor: vendor)
+def test_the_records_prefetch_is_declared_per_cpu_kind(monkeypatch, tmp_path):
+    """Zen 5 and later AMD cores build the non-temporal weight prefetch; Zen 4, Intel and
+    unknown CPUs the L2 one: the build flag comes from the CPU kind, not the instruction set."""
+    nta = ["-DDRAFTSMAN_PREFETCH_NTA=1"]
+    declared = {("AuthenticAMD", 26): nta, ("AuthenticAMD", 27): nta, ("AuthenticAMD", 25): [],
+                ("GenuineIntel", 6): [], ("", 0): []}
+    for kind, want in declared.items():
+        monkeypatch.setattr(native, "cpu_kind", lambda kind=kind: kind)
         assert native.prefetch_flags() == want
         command = native.compile_command(tmp_path / "k.so")
         assert [arg for arg in command if "PREFETCH" in arg] == want
+
+
+def test_the_cpu_kind_is_read_from_cpuinfo():
+    vendor, family = cpu_kind()
+    assert (vendor == "") == (family == 0)
+    if vendor:
+        assert vendor in Path("/proc/cpuinfo").read_text() and family > 0
 
 
 def assert_batch_invariant(kernel, qtype: Q, sizes: tuple[int, ...], seed: int) -> None:

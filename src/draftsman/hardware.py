@@ -31,3 +31,11 @@ def cpu_flags() -> frozenset[str]:
 def cpu_model() -> str:
     """The CPU's marketing name, e.g. 'Intel(R) Xeon(R) Processor'."""
     return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_kind() -> tuple[str, int]:
+    """(vendor, family) as /proc/cpuinfo names them: ("AuthenticAMD", 26) on a Zen 5,
+    ("GenuineIntel", 6) on a Xeon; ("", 0) if unknown."""
+    fields = _cpuinfo()
+    family = fields.get("cpu family", "")
+    return fields.get("vendor_id", ""), int(family) if family.isdigit() else 0

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from draftsman.hardware import cpu_kind
 from draftsman.store.home import draftsman_home
 
 # one library: the K-quant matrix products (vector paths, AMX tiles) and the small ops around
@@ -46,25 +47,23 @@ def simd_flags() -> list[str]:
     return []
 
 
-def cpu_vendor() -> str:
-    """/proc/cpuinfo's vendor_id (AuthenticAMD, GenuineIntel), "" where it cannot be read."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    return next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.startswith("vendor_id")), "")
+# AMD's family 26 (0x1A): Zen 5 cores, L1d 48 KiB
+ZEN5_FAMILY = 26
 
 
 def prefetch_flags() -> list[str]:
-    """How the records kernels prefetch weights, declared per CPU vendor from measurements.
+    """How the records kernels prefetch weights, declared per CPU kind from measurements.
 
-    AMD cores take non-temporal prefetches into L1, 4 records ahead: on a Zen 5 EPYC (the
-    1.5B q4, 2 threads, 5 builds alternated) one row went 17.0-17.4 -> 14.3-14.5 ms in the
-    host's fast-stream state, 8 rows 26.0-26.3 -> 24.8-25.1 and 16 rows 41.8-48.1 ->
-    42.8-44.8. Intel cores keep prefetches into L2 8 records ahead, as they were tuned on an
-    AMX Xeon (kquant_records_parts.h: RecordPrefetch)."""
-    return ["-DDRAFTSMAN_PREFETCH_NTA=1"] if cpu_vendor() == "AuthenticAMD" else []
+    Zen 5 and later AMD cores take non-temporal prefetches into L1, 4 records ahead: on a
+    Zen 5 EPYC (the 1.5B q4, 2 threads, builds alternated) one row went 17.0-17.4 -> 14.3-14.5
+    ms in the host's fast-stream state, 8 rows 26.0-26.3 -> 24.8-25.2, 16 rows 41.8-48.1 ->
+    42.8-44.8 (bench-results/profile-zen5-nta-prefetch). Every other CPU keeps prefetches
+    into L2 8 records ahead, as tuned on an AMX Xeon: unmeasured there, and Zen 4's 32 KiB
+    L1d would hold the 4 records ahead beside a paired Q6_K block's unpacked weights only
+    just (kquant_records_parts.h: RecordPrefetch)."""
+    vendor, family = cpu_kind()
+    zen5_or_later = vendor == "AuthenticAMD" and family >= ZEN5_FAMILY
+    return ["-DDRAFTSMAN_PREFETCH_NTA=1"] if zen5_or_later else []
 
 
 def cpu_signature() -> str:
