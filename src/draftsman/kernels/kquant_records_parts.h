@@ -33,11 +33,12 @@ using draftsman_kquant::Q8Block;
 // The record AHEAD on is fetched a line at a time, spread over the current record's work.
 // Where it goes is declared per CPU kind (native.py: prefetch_flags). Zen 5 and later AMD
 // cores (DRAFTSMAN_PREFETCH_NTA): non-temporal into L1, 4 ahead. Others: into L2, 8 records
-// ahead (tuned on an AMX Xeon). The weights pass once a forward, far more than the caches hold, so they need not
-// stay in L2 or L3, and on a Zen 5 EPYC this streamed faster at every row count (the 1.5B
-// q4, 2 threads: one row 17.0-17.4 -> 14.3-14.5 ms, 8 rows 26.0-26.3 -> 24.8-25.1; the
-// 0.5B's one row 8.5 -> 7.6, 16 rows 18.2 -> 15.4); prefetches into L1 (T0) were between the
-// two, and distances of 2, 4, 6 and 8 records level within noise.
+// ahead (tuned on an AMX Xeon). The weights pass once a forward, far more than the caches
+// hold, so they need not stay in L2 or L3, and on a Zen 5 EPYC this streamed faster at every
+// row count (the 1.5B q4, 2 threads: one row 17.0-17.4 -> 14.3-14.5 ms, 8 rows 26.0-26.3 ->
+// 24.8-25.2; the 0.5B's one row 8.5 -> 7.6, 16 rows 18.2 -> 15.4;
+// bench-results/profile-zen5-nta-prefetch); prefetches into L1 (T0) were between the two,
+// and distances of 2, 4, 6 and 8 records level within noise.
 // A core keeps only ~16 misses in flight (its fill buffers): a burst of a whole record's
 // lines at its start stalled the core until the buffers drained, so the weight stream and
 // the tile work took turns instead of overlapping (an AMX Xeon, 8960 x 1536 Q4_K from

@@ -52,15 +52,12 @@ ZEN5_FAMILY = 26
 
 
 def prefetch_flags() -> list[str]:
-    """How the records kernels prefetch weights, declared per CPU kind from measurements.
-
-    Zen 5 and later AMD cores take non-temporal prefetches into L1, 4 records ahead: on a
-    Zen 5 EPYC (the 1.5B q4, 2 threads, builds alternated) one row went 17.0-17.4 -> 14.3-14.5
-    ms in the host's fast-stream state, 8 rows 26.0-26.3 -> 24.8-25.2, 16 rows 41.8-48.1 ->
-    42.8-44.8 (bench-results/profile-zen5-nta-prefetch). Every other CPU keeps prefetches
-    into L2 8 records ahead, as tuned on an AMX Xeon: unmeasured there, and Zen 4's 32 KiB
-    L1d would hold the 4 records ahead beside a paired Q6_K block's unpacked weights only
-    just (kquant_records_parts.h: RecordPrefetch)."""
+    """How the records kernels prefetch weights, declared per CPU kind from measurements
+    (kquant_records_parts.h: RecordPrefetch, which gives the figures). Zen 5 and later AMD
+    cores, where it was measured: non-temporal prefetches into L1, 4 records ahead. Every
+    other CPU keeps prefetches into L2 8 records ahead, as tuned on an AMX Xeon; Zen 4's
+    32 KiB L1d would hold the 4 records ahead beside a paired Q6_K block's unpacked weights
+    only just."""
     vendor, family = cpu_kind()
     zen5_or_later = vendor == "AuthenticAMD" and family >= ZEN5_FAMILY
     return ["-DDRAFTSMAN_PREFETCH_NTA=1"] if zen5_or_later else []
