@@ -75,11 +75,13 @@ def matrices_replaced(model, wrap: Callable[[object, Callable], Callable],
                       direct_calls: bool = True) -> Iterator[None]:
     """Every K-quant product of `model` through `wrap(matrix, product) -> product`, both ways
     it is called: a matrix's forward (and forward_into, a fused projection's part) and the
-    fused step's direct kernel call (QuantLinear.rows_product, taken once into the model's
-    flat plan, which is rebuilt around it; `direct_calls=False`: none, so the plan calls the
-    wrapped forwards and adds the biases itself)."""
+    fused step's direct kernel calls (QuantLinear.rows_product and swiglu_product, taken once
+    into the model's flat plan, which is rebuilt around them; `direct_calls=False`: none, so
+    the plan calls the wrapped forwards, adds the biases and runs silu_mul itself: the glue
+    then holds the silu * up that the fused gate/up call does in its kernel)."""
     forwards = {kind: kind.forward for kind in MATRICES}
     rows_product, forward_into = QuantLinear.rows_product, KQuantRecordsMatrix.forward_into
+    swiglu_product = QuantLinear.swiglu_product
 
     def forward(self, x):
         return wrap(self, lambda x: forwards[type(self)](self, x))(x)
@@ -99,9 +101,14 @@ def matrices_replaced(model, wrap: Callable[[object, Callable], Callable],
         product = rows_product(self, dtype) if direct_calls else None
         return None if product is None else wrap(self.parts[0], product)
 
+    def swiglu(self, dtype):
+        product = swiglu_product(self, dtype) if direct_calls else None
+        return None if product is None else wrap(self.parts[0], product)
+
     for kind in MATRICES:
         kind.forward = forward
     KQuantRecordsMatrix.forward_into, QuantLinear.rows_product = into, direct
+    QuantLinear.swiglu_product = swiglu
     model._fused_cpu_step = None
     try:
         yield
@@ -109,6 +116,7 @@ def matrices_replaced(model, wrap: Callable[[object, Callable], Callable],
         for kind, original in forwards.items():
             kind.forward = original
         KQuantRecordsMatrix.forward_into, QuantLinear.rows_product = forward_into, rows_product
+        QuantLinear.swiglu_product = swiglu_product
         model._fused_cpu_step = None
 
 

@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
 #pragma omp for schedule(static) nowait
         for (int g = 0; g < groups; g += unit) {
           alignas(64) float acc[2 * 16 * COLS] = {};
-          groups_product(qtype, w + group_bytes * g, static_cast<int64_t>(group_bytes), std::min(unit, groups - g),
+          groups_product(qtype, Unit::consecutive(w + group_bytes * g, static_cast<int64_t>(group_bytes),
+                                                  std::min(unit, groups - g)),
                          x.data(), nb, false, nb, 1, rows, 0, false, acc, 16 * COLS);
         }
       }

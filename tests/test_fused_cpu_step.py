@@ -11,7 +11,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from test_quant import gguf_model, make_blocks, quantised
 from tiny import tiny_pair
 
-from draftsman.kernels.native import attention_amx, kquant_available, kquant_records
+from draftsman.kernels.native import attention_amx, kquant_available, kquant_records, records_swiglu
 from draftsman.models import base
 from draftsman.models.fused_cpu_step import FusedCpuStep
 from draftsman.models.quant_linear import quantize_model
@@ -82,6 +82,9 @@ def test_a_draft_of_half_records_takes_direct_calls_with_the_same_bits(monkeypat
     assert all(m.rows_product(torch.float32) is not None
                for b in model.layers for m in (b.self_attn.qkv_proj, b.mlp.down_proj))
     assert model.layers[0].mlp.down_proj.parts[0].packed.shape[1] == 320 + 1024  # a half record
+    # silu * up in the gate/up call where the records have the epilogue (AVX-512 VNNI)
+    fused = model.layers[0].mlp.gate_up_proj.swiglu_product(torch.float32)
+    assert (fused is not None) == records_swiglu()
     assert_plan_matches_the_tree(model, monkeypatch)
 
 

@@ -24,6 +24,7 @@ from draftsman.kernels.native import (
     kquant_available,
     kquant_isa,
     kquant_records,
+    records_swiglu,
     simd_flags,
 )
 
@@ -348,3 +349,77 @@ def test_a_projection_of_q4k_and_q6k_parts_writes_each_part_in_place(dtype):
     assert torch.equal(linear(x), want.reshape(2, 9, 64))
     with pytest.raises(RuntimeError, match="out must be a contiguous"):
         parts[1].forward_into(x.reshape(18, 512), torch.empty(18, 30, dtype=dtype), 10)
+
+
+SWIGLU = pytest.mark.skipif(not records_swiglu(),
+                            reason="no AVX-512 VNNI records here: silu * up runs after the product")
+
+
+def assert_swiglu_is_silu_mul_of_the_product(packed: torch.Tensor, qtype: int, n: int, k: int,
+                                             tiles: int) -> None:
+    """kquant_records_swiglu == silu_mul(kquant_records_mm) bit for bit, float32 and bf16, for
+    row counts that take single groups (runs of them), pairs, several passes and tiles (by
+    block past 16), on 1 or 2 threads; and every row the same alone as in the batch."""
+    ops = torch.ops.draftsman
+    threads = torch.get_num_threads()
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            x = (torch.randn(40, k) * 3).to(dtype)
+            alone = torch.cat([ops.kquant_records_swiglu(x[i:i + 1], packed, qtype, n, tiles)
+                               for i in range(len(x))])
+            for m in (1, 2, 5, 6, 7, 8, 9, 16, 17, 40):
+                torch.set_num_threads(1 + m % 2)
+                got = ops.kquant_records_swiglu(x[:m], packed, qtype, n, tiles)
+                want = ops.silu_mul(ops.kquant_records_mm(x[:m], packed, qtype, n, tiles))
+                assert got.shape == (m, n // 2) and got.dtype == dtype
+                assert torch.equal(got, want), (dtype, m)
+                assert torch.equal(got, alone[:m]), (dtype, m)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@SWIGLU
+@pytest.mark.parametrize("tiles", PATHS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_swiglu_epilogue_is_silu_mul_of_the_product_bit_for_bit(qtype, tiles):
+    """Gate rows, then up rows: 5 groups of 16 each (runs that do not split evenly over the
+    threads), each gate group paired with its own up group from 6 rows."""
+    rows = random_blocks(qtype, 160, 512, seed=21)
+    packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(qtype))
+    assert_swiglu_is_silu_mul_of_the_product(packed, int(qtype), 160, 512, tiles)
+
+
+@SWIGLU
+def test_the_swiglu_epilogue_refuses_halves_of_part_groups_in_one_line():
+    rows = random_blocks(Q.Q4_K, 48, 256, seed=22)  # halves of 24 rows: a group and a half
+    packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(Q.Q4_K))
+    with pytest.raises(RuntimeError, match="whole groups of 16 rows"):
+        torch.ops.draftsman.kquant_records_swiglu(torch.randn(2, 256), packed, int(Q.Q4_K), 48, 0)
+
+
+@SWIGLU
+def test_a_gate_up_projection_hands_back_silu_times_up_in_one_call(monkeypatch):
+    """QuantLinear.swiglu_product: one records matrix of gate then up rows, no bias, halves of
+    whole groups; DRAFTSMAN_SWIGLU_EPILOGUE=0 (native.records_swiglu) turns it off."""
+    from draftsman.models.quant_linear import KQuantRecordsMatrix, QuantLinear
+    from draftsman.store.gguf_blocks import BlockTensor
+
+    def linear(n: int, bias: torch.Tensor | None = None) -> QuantLinear:
+        rows = random_blocks(Q.Q4_K, n, 512, seed=n)
+        return QuantLinear([KQuantRecordsMatrix([BlockTensor("w", int(Q.Q4_K), (n, 512), rows)])],
+                           512, bias, torch.float32)
+
+    gate_up = linear(64)
+    x = torch.randn(7, 512)
+    fused = gate_up.swiglu_product(torch.float32)
+    assert torch.equal(fused(x), torch.ops.draftsman.silu_mul(gate_up(x)))
+    assert linear(48).swiglu_product(torch.float32) is None  # halves of 24 rows
+    assert linear(64, torch.zeros(64)).swiglu_product(torch.float32) is None
+    assert gate_up.swiglu_product(torch.bfloat16) is None  # not the model's dtype
+    native.records_swiglu.cache_clear()
+    monkeypatch.setenv("DRAFTSMAN_SWIGLU_EPILOGUE", "0")
+    try:
+        assert gate_up.swiglu_product(torch.float32) is None
+    finally:
+        monkeypatch.delenv("DRAFTSMAN_SWIGLU_EPILOGUE")
+        native.records_swiglu.cache_clear()

@@ -18,10 +18,10 @@ from test_int8_onednn import (
     assert_exact_methods_emit_its_own_tokens,
     assert_rows_match_one_token_steps,
 )
-from test_kquant_kernel import assert_batch_invariant
+from test_kquant_kernel import assert_batch_invariant, assert_swiglu_is_silu_mul_of_the_product
 from test_quant import random_blocks
 
-from draftsman.kernels.native import byte_records, kquant_amx
+from draftsman.kernels.native import byte_records, kquant_amx, records_swiglu
 from draftsman.models.int8_linear import TYPE_I8_ROW, Int8RecordsMatrix, int8_rows
 from draftsman.models.q8_blocks import q8_0_from_blocks
 from draftsman.models.quant_linear import dequantize_rows
@@ -264,3 +264,11 @@ def test_q4_runs_q5_0_and_q8_0_matrices_as_stored_on_records(monkeypatch):
     got = q(ids, pos, q.new_cache(9)).logits
     # the weights are the GGUF's; only the activations' int8 rounding separates them
     assert (got - want).abs().max() <= 0.05 * want.abs().max()
+
+
+@pytest.mark.skipif(not records_swiglu(), reason="no AVX-512 VNNI records here")
+@pytest.mark.parametrize("tile_rows", I8_PATHS)
+def test_int8_rows_give_silu_mul_of_the_product_in_one_call_bit_for_bit(tile_rows):
+    """--dtype q8's gate/up projection (int8 rows, a half record at width 896: the 0.5B's)."""
+    matrix = Int8RecordsMatrix(torch.randn(96, 896) * 0.05)
+    assert_swiglu_is_silu_mul_of_the_product(matrix.packed, TYPE_I8_ROW, 96, 896, tile_rows)

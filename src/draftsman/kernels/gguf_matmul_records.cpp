@@ -43,6 +43,7 @@
 #include "kquant_records_parts.h"
 #include "q8_records.h"
 #include "kquant_records_pairs.h"
+#include "simd_math.h"
 
 namespace {
 
@@ -514,10 +515,13 @@ struct BytePath {
 };
 
 // P's block step for record b of a group of nb (`half`: the last is a half record, P::HALF_BYTES
-// long), prefetching ahead of it; returns the record's bytes. f(PAIRS) runs the step.
+// long), prefetching ahead of it; returns the record's bytes. f(PAIRS) runs the step. `then`:
+// the first record of the group worked next (the next one in memory, or a SwiGLU unit's other
+// half), where the prefetch goes on past this group's last record.
 template <typename P, typename F>
-inline int64_t record_step(const uint8_t* w, int64_t b, int64_t nb, bool half, F&& f) {
-  RecordPrefetch ahead(w, P::BYTES);  // a whole record's lines: the stream is contiguous
+inline int64_t record_step(const uint8_t* w, int64_t b, int64_t nb, bool half, const uint8_t* then, F&& f) {
+  const int64_t past = b + RecordPrefetch::AHEAD - nb;  // records into the next group
+  RecordPrefetch ahead = past >= 0 ? RecordPrefetch::at(then + past * P::BYTES, P::BYTES) : RecordPrefetch(w, P::BYTES);
   if constexpr (P::HALF_BYTES > 0) {
     if (half && b == nb - 1) {
       f(std::integral_constant<int, HALF_PAIRS>{}, ahead);
@@ -534,11 +538,11 @@ inline int64_t record_step(const uint8_t* w, int64_t b, int64_t nb, bool half, F
 // weights unpacked in registers as they are used: one function per R, so that each gets its
 // own registers. Row m's block b is x[m * row_step + b * block_step].
 template <typename P, int R>
-void group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+void group_vectors(const uint8_t* w, const uint8_t* then, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
                    int64_t block_step, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   for (int64_t b = 0; b < nb; ++b) {
-    w += record_step<P>(w, b, nb, half, [&](auto pairs, RecordPrefetch& ahead) {
+    w += record_step<P>(w, b, nb, half, then, [&](auto pairs, RecordPrefetch& ahead) {
       const typename P::Scales s(w);
       P::template block<R, decltype(pairs)::value>(typename P::Record{w}, s, x + b * block_step, xstride,
                                                    row_step, acc, ahead);
@@ -549,14 +553,14 @@ void group_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, in
 // The same against any number of rows, in passes of vector_pass_rows(rows) per block over its
 // weights unpacked once into L1.
 template <typename P>
-void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+void group_passes(const uint8_t* w, const uint8_t* then, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
                   int64_t block_step, int rows, float* acc) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows, P::PASS_ROWS);
   alignas(64) uint8_t bytes[P::Unpacked::BYTES];
   typename P::Unpacked unpacked{bytes};
   for (int64_t b = 0; b < nb; ++b) {
-    w += record_step<P>(w, b, nb, half, [&](auto pairs, RecordPrefetch& ahead) {
+    w += record_step<P>(w, b, nb, half, then, [&](auto pairs, RecordPrefetch& ahead) {
       constexpr int PAIRS = decltype(pairs)::value;
       const typename P::Scales s(w);
       unpacked.unpack(w, PAIRS != 4);
@@ -571,54 +575,56 @@ void group_passes(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int
 }
 
 // One group of 16 weight rows against `rows` activation rows on vectors, in one pass or
-// several.
+// several; `then` as record_step's.
 template <typename P>
-void group_on_vectors(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
-                      int64_t block_step, int rows, float* acc) {
-  if (rows > P::PASS_ROWS) return group_passes<P>(w, x, nb, half, row_step, block_step, rows, acc);
+void group_on_vectors(const uint8_t* w, const uint8_t* then, const Q8Block* x, int64_t nb, bool half,
+                      int64_t row_step, int64_t block_step, int rows, float* acc) {
+  if (rows > P::PASS_ROWS) return group_passes<P>(w, then, x, nb, half, row_step, block_step, rows, acc);
   with_vector_rows<P::PASS_ROWS>(rows, [&](auto r) {
-    group_vectors<P, decltype(r)::value>(w, x, nb, half, row_step, block_step, acc);
+    group_vectors<P, decltype(r)::value>(w, then, x, nb, half, row_step, block_step, acc);
   });
 }
 
 // The same on tiles where the model takes them (AMX, from tile_rows > 0 rows), and there its
 // fewer rows' vectors add up in int32 as the tiles do (IntSum), so that a row's bits do not
 // depend on how many rows share the call; without tiles, in float (FloatSum, fewer uops).
+// `then` as record_step's (the tiles prefetch on in memory order).
 template <template <typename> class P>
-void group(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step, int64_t block_step,
-           int rows, int64_t tile_rows, float* acc) {
+void group(const uint8_t* w, const uint8_t* then, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+           int64_t block_step, int rows, int64_t tile_rows, float* acc) {
 #if DRAFTSMAN_AMX
   if (tile_rows > 0) {
     if (rows >= tile_rows) return P<IntSum>::tiles(w, x, nb, half, row_step, block_step, rows, acc);
-    return group_on_vectors<P<IntSum>>(w, x, nb, half, row_step, block_step, rows, acc);
+    return group_on_vectors<P<IntSum>>(w, then, x, nb, half, row_step, block_step, rows, acc);
   }
 #endif
   (void)tile_rows;
-  group_on_vectors<P<FloatSum>>(w, x, nb, half, row_step, block_step, rows, acc);
+  group_on_vectors<P<FloatSum>>(w, then, x, nb, half, row_step, block_step, rows, acc);
 }
 
 // int8 rows: on tiles where the caller asks (AMX, enough rows), else on vectors; the same bits.
-inline void i8_group(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
-                     int64_t block_step, int rows, bool tiles, float* acc) {
+inline void i8_group(const uint8_t* w, const uint8_t* then, const Q8Block* x, int64_t nb, bool half,
+                     int64_t row_step, int64_t block_step, int rows, bool tiles, float* acc) {
 #if DRAFTSMAN_AMX
   if (tiles) return i8_group_tiles(w, x, nb, half, row_step, block_step, rows, acc);
 #endif
   (void)tiles;
-  group_on_vectors<BytePath<I8Scales>>(w, x, nb, half, row_step, block_step, rows, acc);
+  group_on_vectors<BytePath<I8Scales>>(w, then, x, nb, half, row_step, block_step, rows, acc);
 }
 
 // Two groups of 16 Q4_K weight rows (records wa, wb) against `rows` activation rows on
 // vectors, in passes of at most PAIR_ROWS rows over each pair of blocks; their sums to acca,
 // accb (16 a row). The last record is half where `half` says.
 template <typename Sum>
-void q4k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t group_bytes, const Q8Block* x, int64_t nb,
+void q4k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t next_unit, const Q8Block* x, int64_t nb,
                      bool half, int64_t row_step, int64_t block_step, int rows, float* acca, float* accb) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows, PAIR_ROWS);
+  const int64_t to_b = wb - wa;
   for (int64_t b = 0; b < nb; ++b) {
     const bool last_half = half && b == nb - 1;
-    const uint8_t* ahead = pair_ahead(wa, b, nb, group_bytes, RECORD);
-    RecordPrefetch aheada = RecordPrefetch::at(ahead, RECORD), aheadb = RecordPrefetch::at(ahead + group_bytes, RECORD);
+    const uint8_t* ahead = pair_ahead(wa, b, nb, next_unit, RECORD);
+    RecordPrefetch aheada = RecordPrefetch::at(ahead, RECORD), aheadb = RecordPrefetch::at(ahead + to_b, RECORD);
     const Q4kScales<Sum> sa(wa), sb(wb);
     for (int m0 = 0; m0 < rows; m0 += pass) {
       const Q8Block* xb = x + b * block_step + m0 * row_step;
@@ -642,16 +648,17 @@ void q4k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t group_bytes, 
 
 // The same for Q6_K, each pair of blocks unpacked once into L1 for every pass.
 template <typename Sum>
-void q6k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t group_bytes, const Q8Block* x, int64_t nb,
+void q6k_pair_groups(const uint8_t* wa, const uint8_t* wb, int64_t next_unit, const Q8Block* x, int64_t nb,
                      int64_t row_step, int64_t block_step, int rows, float* acca, float* accb) {
   const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
   const int pass = vector_pass_rows(rows, PAIR_ROWS);
   alignas(64) uint8_t bytesa[Q6kUnpacked::BYTES], bytesb[Q6kUnpacked::BYTES];
   Q6kUnpacked ua{bytesa}, ub{bytesb};
+  const int64_t to_b = wb - wa;
   for (int64_t b = 0; b < nb; ++b, wa += Q6_RECORD, wb += Q6_RECORD) {
-    const uint8_t* ahead = pair_ahead(wa, b, nb, group_bytes, Q6_RECORD);
+    const uint8_t* ahead = pair_ahead(wa, b, nb, next_unit, Q6_RECORD);
     RecordPrefetch aheada = RecordPrefetch::at(ahead, Q6_RECORD),
-                   aheadb = RecordPrefetch::at(ahead + group_bytes, Q6_RECORD);
+                   aheadb = RecordPrefetch::at(ahead + to_b, Q6_RECORD);
     const Q6kScales<Sum> sa(wa), sb(wb);
     ua.unpack(wa, false);
     ub.unpack(wb, false);
@@ -682,34 +689,49 @@ inline bool pair_groups(int64_t qtype, int64_t rows, bool tiles) {
 }
 
 #if DRAFTSMAN_RECORDS
-// The sums of `count` (1 or 2) consecutive groups of a packed matrix (w: the first group's
-// records, group_bytes apart) against `rows` activation rows, group i's to acc + i * acc_step;
+// Where a unit of work's groups lie in a packed matrix: the first group's records at `a`, the
+// second's (count 2) at `b`, the next unit's first group `next` bytes past `a` (a pair's
+// prefetch runs on into it). A plain product's unit: consecutive groups (`consecutive`); a
+// SwiGLU unit: gate group g and up group g, half the matrix apart, the next unit one group on.
+struct Unit {
+  const uint8_t* a;
+  const uint8_t* b;
+  int64_t next;
+  int count;
+
+  static Unit consecutive(const uint8_t* w, int64_t group_bytes, int count) {
+    return {w, w + group_bytes, count * group_bytes, count};
+  }
+};
+
+// The sums of a unit's groups against `rows` activation rows, group i's to acc + i * acc_step;
 // two go together where pair_groups says. tile_rows as kquant_records_into's; tiles: whether
 // this call's rows take them.
-void groups_product(int64_t qtype, const uint8_t* w, int64_t group_bytes, int count, const Q8Block* x,
-                    int64_t nb, bool half, int64_t row_step, int64_t block_step, int rows, int64_t tile_rows,
-                    bool tiles, float* acc, int64_t acc_step) {
-  if (count == 2 && pair_groups(qtype, rows, tiles)) {
+void groups_product(int64_t qtype, const Unit& u, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
+                    int64_t block_step, int rows, int64_t tile_rows, bool tiles, float* acc, int64_t acc_step) {
+  if (u.count == 2 && pair_groups(qtype, rows, tiles)) {
     // a model with tiles adds up its vector rows in int32 as the tiles do (see `group`)
     const bool int_sums = tile_rows > 0;
-    const uint8_t* wb = w + group_bytes;
     float* accb = acc + acc_step;
     if (qtype == TYPE_Q4_K) {
-      if (int_sums) return q4k_pair_groups<IntSum>(w, wb, group_bytes, x, nb, half, row_step, block_step, rows, acc, accb);
-      return q4k_pair_groups<FloatSum>(w, wb, group_bytes, x, nb, half, row_step, block_step, rows, acc, accb);
+      if (int_sums) return q4k_pair_groups<IntSum>(u.a, u.b, u.next, x, nb, half, row_step, block_step, rows, acc, accb);
+      return q4k_pair_groups<FloatSum>(u.a, u.b, u.next, x, nb, half, row_step, block_step, rows, acc, accb);
     }
-    if (int_sums) return q6k_pair_groups<IntSum>(w, wb, group_bytes, x, nb, row_step, block_step, rows, acc, accb);
-    return q6k_pair_groups<FloatSum>(w, wb, group_bytes, x, nb, row_step, block_step, rows, acc, accb);
+    if (int_sums) return q6k_pair_groups<IntSum>(u.a, u.b, u.next, x, nb, row_step, block_step, rows, acc, accb);
+    return q6k_pair_groups<FloatSum>(u.a, u.b, u.next, x, nb, row_step, block_step, rows, acc, accb);
   }
-  for (int i = 0; i < count; ++i, w += group_bytes, acc += acc_step) {
+  for (int i = 0; i < u.count; ++i, acc += acc_step) {
+    // in the order of work: a, then b (where there is one), then the next unit's a
+    const uint8_t* w = i == 0 ? u.a : u.b;
+    const uint8_t* then = i == 0 && u.count == 2 ? u.b : u.a + u.next;
     if (qtype == TYPE_Q4_K) {
-      group<Q4kPath>(w, x, nb, half, row_step, block_step, rows, tile_rows, acc);
+      group<Q4kPath>(w, then, x, nb, half, row_step, block_step, rows, tile_rows, acc);
     } else if (qtype == TYPE_Q8_0) {
-      group_on_vectors<BytePath<Q8Scales>>(w, x, nb, half, row_step, block_step, rows, acc);
+      group_on_vectors<BytePath<Q8Scales>>(w, then, x, nb, half, row_step, block_step, rows, acc);
     } else if (qtype == TYPE_I8_ROW) {
-      i8_group(w, x, nb, half, row_step, block_step, rows, tiles, acc);
+      i8_group(w, then, x, nb, half, row_step, block_step, rows, tiles, acc);
     } else {
-      group<Q6kPath>(w, x, nb, half, row_step, block_step, rows, tile_rows, acc);
+      group<Q6kPath>(w, then, x, nb, half, row_step, block_step, rows, tile_rows, acc);
     }
   }
 }
@@ -742,11 +764,69 @@ inline void store_row(const float* acc, int cols, float* yf, c10::BFloat16* yb) 
   }
 }
 
+#if DRAFTSMAN_RECORDS
+// Gate groups (and their up groups) a SwiGLU unit takes at most where they do not pair (else
+// a thread's share): each half's run read as one stream before the other's. Group by group,
+// the stream jumped between the halves every 14 KB (the 1.5B's groups), and one row read
+// ~2-4% slower than the plain product and silu_mul after it (a Zen 5 EPYC).
+constexpr int64_t SWIGLU_RUN = 64;
+
+// The run for `half_groups` gate groups over `threads`: at most SWIGLU_RUN, and as many runs
+// as a multiple of the threads, so that each thread gets as many groups (560 at one row of the
+// 1.5B on 2 threads: runs of 64 made 9 units, split 5 and 4, ~4% slower than the plain
+// product; runs of 56 make 10).
+inline int64_t swiglu_run(int64_t half_groups, int64_t threads) {
+  const int64_t per_thread = (half_groups + threads - 1) / threads;
+  const int64_t units = threads * ((per_thread + SWIGLU_RUN - 1) / SWIGLU_RUN);
+  return (half_groups + units - 1) / units;
+}
+
+// The sums of a SwiGLU unit: `count` gate groups at `gate` and their up groups at `up`, gate
+// group i's to acc + i * acc_step and its up group's to acc + (count + i) * acc_step. Paired
+// (count 1): block b of both at once; else the gate run, then the up run, each prefetching
+// on into the next in the order of work.
+void swiglu_sums(int64_t qtype, const uint8_t* gate, const uint8_t* up, int count, int64_t group_bytes, bool paired,
+                 const Q8Block* x, int64_t nb, bool half, int64_t row_step, int64_t block_step, int rows,
+                 int64_t tile_rows, bool tiles, float* acc, int64_t acc_step) {
+  if (paired) {
+    return groups_product(qtype, Unit{gate, up, group_bytes, 2}, x, nb, half, row_step, block_step, rows, tile_rows,
+                          tiles, acc, acc_step);
+  }
+  for (int i = 0; i < 2 * count; ++i) {
+    const uint8_t* w = i < count ? gate + i * group_bytes : up + (i - count) * group_bytes;
+    const uint8_t* then = i == count - 1 ? up : i == 2 * count - 1 ? gate + count * group_bytes : w + group_bytes;
+    groups_product(qtype, Unit{w, w, then - w, 1}, x, nb, half, row_step, block_step, rows, tile_rows, tiles,
+                   acc + i * acc_step, acc_step);
+  }
+}
+
+// Rows 0..m-1 of a SwiGLU unit's 16 columns: y = silu(gate) * up from the gate group's sums
+// and the up group's, each first rounded to y's dtype as the plain product stores it, then
+// silu_mul_span: the bits silu_mul computes from kquant_records_mm's output.
+inline void store_swiglu(const float* gate, const float* up, int64_t m, float* yf, c10::BFloat16* yb,
+                         int64_t ldy) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float *g = gate + COLS * r, *u = up + COLS * r;
+    if (yb) {
+      alignas(32) c10::BFloat16 gb[COLS], ub[COLS];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(gb), to_bf16(_mm512_load_ps(g)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ub), to_bf16(_mm512_load_ps(u)));
+      draftsman_simd::silu_mul_span(gb, ub, COLS, yb + r * ldy);
+    } else {
+      draftsman_simd::silu_mul_span(g, u, COLS, yf + r * ldy);
+    }
+  }
+}
+#endif
+
 // y[:, col:col + n] = x W^T into y [M, >= col + n] (rows y.size(1) apart), in x's dtype.
 // tile_rows: from how many rows Q4_K, Q6_K and int8 rows take AMX tiles (0: vectors only, as a CPU
-// without AMX; the bits are the same whatever it is, once it is not 0)
+// without AMX; the bits are the same whatever it is, once it is not 0).
+// swiglu: W's rows are a gate half and an up half (n / 2 each, whole groups), and y[:, :n / 2]
+// gets silu(gate) * up instead, each unit of work a gate group and its up group (the bits of
+// silu_mul on the plain product, without storing and reloading the product); AVX-512 VNNI.
 void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
-                         int64_t tile_rows, at::Tensor& y, int64_t col) {
+                         int64_t tile_rows, at::Tensor& y, int64_t col, bool swiglu = false) {
   TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has neither AVX-512 VNNI nor AVX2");
   TORCH_CHECK(tile_rows >= 0, "kquant_records_mm: tile_rows must be 0 (no tiles) or a row count");
   TORCH_CHECK(tile_rows == 0 || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
@@ -770,8 +850,12 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
                   n > (groups - 1) * COLS && n <= groups * COLS,
               draftsman_msg::text("kquant_records_mm: packed holds ", groups, " groups of ", packed.size(1),
                                   " bytes, not ", n, " rows of width ", k));
+  TORCH_CHECK(!swiglu || (DRAFTSMAN_RECORDS && n % (2 * COLS) == 0 && groups % 2 == 0),
+              draftsman_msg::text("kquant_records_swiglu: needs AVX-512 VNNI records and gate and up halves of",
+                                  " whole groups of ", COLS, " rows (n a multiple of ", 2 * COLS, "), not n = ", n));
+  const int64_t y_cols = swiglu ? n / 2 : n;
   TORCH_CHECK(y.dim() == 2 && y.size(0) == m && y.scalar_type() == x.scalar_type() && y.stride(1) == 1 &&
-                  y.stride(0) == y.size(1) && col >= 0 && col + n <= y.size(1),
+                  y.stride(0) == y.size(1) && col >= 0 && col + y_cols <= y.size(1),
               "kquant_records_mm: out must be a contiguous [M, >= col + n] tensor in x's dtype");
   if (m == 0) return;  // no rows: nothing to read (the vector paths take at least one)
   const int64_t ldy = y.size(1);
@@ -794,11 +878,16 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
   float* yf = bf16 ? nullptr : y.data_ptr<float>() + col;
   c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() + col : nullptr;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  // Each unit of one or two groups of 16 output columns (pair_groups) is one thread's work:
-  // every tile of activation rows passes each of its blocks as it is unpacked.
-  const int per_unit = pair_groups(qtype, m, tiles) ? 2 : 1;
-  const int64_t acc_step = tiled * COLS;
-  at::parallel_for(0, (groups + per_unit - 1) / per_unit, 1, [&](int64_t begin, int64_t end) {
+  // Each unit of one or two groups of 16 output columns (pair_groups; SwiGLU: a gate group and
+  // its up group) is one thread's work: every tile of activation rows passes each of its
+  // blocks as it is unpacked.
+  const bool paired = pair_groups(qtype, m, tiles);
+  // SwiGLU units: one gate group and its up group where they pair, else runs of SWIGLU_RUN
+  const int64_t half_groups = groups / 2, run = swiglu && !paired ? swiglu_run(half_groups, at::get_num_threads()) : 1;
+  const int per_unit = swiglu ? static_cast<int>(2 * run) : paired ? 2 : 1;
+  const int64_t units = swiglu ? (half_groups + run - 1) / run : (groups + per_unit - 1) / per_unit;
+  const int64_t acc_step = tiled * COLS, group_bytes = packed.size(1);
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
 #if DRAFTSMAN_AMX
     if (tiles) configure_tiles(tile_height);
 #endif
@@ -807,11 +896,25 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
     if (static_cast<int64_t>(buf.size()) < floats) buf.resize(static_cast<size_t>(floats));
     float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
     for (int64_t u = begin; u < end; ++u) {
+      if (swiglu) {
+        const int64_t g0 = u * run;
+        const uint8_t* gate = wp + g0 * group_bytes;
+        const int count = static_cast<int>(std::min(run, half_groups - g0));
+        std::fill(acc, acc + 2 * count * acc_step, 0.f);
+        swiglu_sums(qtype, gate, gate + half_groups * group_bytes, count, group_bytes, paired, xdata, nb, half,
+                    row_step, block_step, static_cast<int>(m), tile_rows, tiles, acc, acc_step);
+        for (int i = 0; i < count; ++i) {
+          const int64_t at = (g0 + i) * COLS;
+          store_swiglu(acc + i * acc_step, acc + (count + i) * acc_step, m, yf ? yf + at : nullptr,
+                       yb ? yb + at : nullptr, ldy);
+        }
+        continue;
+      }
       const int64_t g0 = u * per_unit;
       const int count = static_cast<int>(std::min<int64_t>(per_unit, groups - g0));
       std::fill(acc, acc + count * acc_step, 0.f);
-      groups_product(qtype, wp + g0 * packed.size(1), packed.size(1), count, xdata, nb, half, row_step, block_step,
-                     static_cast<int>(m), tile_rows, tiles, acc, acc_step);
+      groups_product(qtype, Unit::consecutive(wp + g0 * group_bytes, group_bytes, count), xdata, nb, half, row_step,
+                     block_step, static_cast<int>(m), tile_rows, tiles, acc, acc_step);
       for (int i = 0; i < count; ++i) {
         const int64_t g = g0 + i;
         const int cols = static_cast<int>(std::min<int64_t>(COLS, n - g * COLS));
@@ -872,17 +975,28 @@ void kquant_records_mm_out(const at::Tensor& x, const at::Tensor& packed, int64_
   kquant_records_into(x, packed, qtype, n, tile_rows, out, col);
 }
 
+// silu(x G^T) * (x U^T) [M, n / 2] for a packed matrix whose rows are G then U (a fused
+// gate/up projection): silu_mul(kquant_records_mm(x, ...)) bit for bit, in one pass.
+at::Tensor kquant_records_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
+                                 int64_t tile_rows) {
+  at::Tensor y = at::empty({x.size(0), n / 2}, x.options());
+  kquant_records_into(x, packed, qtype, n, tile_rows, y, 0, true);
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
   // tile_rows: from how many rows Q4_K, Q6_K, int8 rows take AMX tiles (0: vectors, as without AMX)
   m.def("kquant_records_mm(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");
   m.def("kquant_records_mm_out(Tensor x, Tensor packed, int qtype, int n, int tile_rows, Tensor(a!) out, int col) -> ()");
+  m.def("kquant_records_swiglu(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
   m.impl("kquant_records_mm", &kquant_records_mm);
   m.impl("kquant_records_mm_out", &kquant_records_mm_out);
+  m.impl("kquant_records_swiglu", &kquant_records_swiglu);
 }
 
 // Whether K-quant matrices can run on AMX tiles here: built with AMX-INT8 and granted by Linux.

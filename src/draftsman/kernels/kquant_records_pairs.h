@@ -31,17 +31,18 @@ constexpr int PAIR_ROWS = 6;  // rows a pass: 16 as 6 + 5 + 5 (passes of 4-6 mea
 
 // Where group a's stream prefetches while block b of a pair is worked (b's record at w):
 // AHEAD / 2 steps on in the pair's order of work (a step: block b of both groups, as many
-// bytes as AHEAD records of one group), past the last block into the unit's next pair, two
-// groups on; group b's stream: this plus group_bytes. Each group AHEAD records past its own
+// bytes as AHEAD records of one group), past the last block into the next unit's group a,
+// next_unit bytes on (two groups; one where units pair gate group g with up group g); group
+// b's stream: this plus group b's distance from group a. Each group AHEAD records past its own
 // record, as the one-group path fetches, lands in group b's records (already read) at a
 // pair's end and leaves the next pair's group b unfetched for its first blocks, all of them
 // where a group has few (the 1.5B q4, 16 rows, a Zen 5 EPYC, in the same hour: down_proj
 // Q6_K 5.9-6.4 -> 5.3-6.0 ms and Q4_K 5.0-5.1 -> 4.4-5.0 over 28 layers, the lm_head 6.7-7.7
 // -> 6.7-6.8; records harness from memory, K = 8960, 16 rows: Q4_K 31.9-32.8 -> 29.3-29.4,
 // Q6_K 38.0-41.5 -> 34.1-36.5 reference cycles a record-row).
-inline const uint8_t* pair_ahead(const uint8_t* w, int64_t b, int64_t nb, int64_t group_bytes, int bytes) {
+inline const uint8_t* pair_ahead(const uint8_t* w, int64_t b, int64_t nb, int64_t next_unit, int bytes) {
   const int64_t step = b + RecordPrefetch::AHEAD / 2;
-  return w + step / nb * 2 * group_bytes + (step % nb - b) * bytes;
+  return w + step / nb * next_unit + (step % nb - b) * bytes;
 }
 
 // Row m's 4 activations at x in every lane, loaded once for both groups' products.

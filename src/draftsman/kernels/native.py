@@ -138,6 +138,8 @@ def _load() -> bool:
     torch.library.register_fake("draftsman::kquant_mm")(_kquant_mm_fake)
     torch.library.register_fake("draftsman::kquant_records_mm")(
         lambda x, packed, qtype, n, tile_rows: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("draftsman::kquant_records_swiglu")(
+        lambda x, packed, qtype, n, tile_rows: x.new_empty((x.shape[0], n // 2)))
     torch.library.register_fake("draftsman::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
     torch.library.register_fake("draftsman::add_rms_norm")(
         lambda x, delta, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)))
@@ -211,6 +213,16 @@ def records_isa() -> str:
     lib = ctypes.CDLL(str(library_path()))
     lib.draftsman_records_isa.restype = ctypes.c_char_p
     return lib.draftsman_records_isa().decode()
+
+
+@cache
+def records_swiglu() -> bool:
+    """Whether a gate/up records matrix hands back silu(gate) * up in the same call
+    (`draftsman::kquant_records_swiglu`): each unit of work is a gate group and its up group,
+    and their sums go through silu_mul's own code, so the bits are silu_mul's on the plain
+    product, without the product stored and read again. The AVX-512 VNNI records only.
+    DRAFTSMAN_SWIGLU_EPILOGUE=0 turns it off (silu_mul after the product, on the same CPU)."""
+    return records_isa() == "avx512vnni" and os.environ.get("DRAFTSMAN_SWIGLU_EPILOGUE", "1") != "0"
 
 
 @cache

@@ -142,5 +142,35 @@ inline float round_to(float v) {
   return static_cast<float>(T(v));
 }
 
+// y = silu(gate) * up over n elements (a fused gate/up row's halves, or a records unit's 16
+// columns: kernels/gguf_matmul_records.cpp), elementwise: any split of a row into spans
+// whose lengths are multiples of 16 gives the same bits.
+template <typename T>
+inline void silu_mul_span(const T* gate, const T* up, int64_t n, T* y) {
+  // silu(g) = g / (1 + e^-g), stored in the activation dtype, then times up (as PyTorch's
+  // F.silu(gate).mul_(up) rounds); the same exp in both paths below
+  int64_t i = 0;
+#if DRAFTSMAN_AVX512_OPS
+  for (; i + 16 <= n; i += 16) {  // the 8-wide path's operations, 16 lanes at a time
+    const __m512 g = load16(gate + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 silu = round16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), y);
+    store16(y + i, round16(_mm512_mul_ps(silu, load16(up + i)), y));
+  }
+#endif
+#if DRAFTSMAN_AVX2
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = load8(gate + i);
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 silu = round_avx2(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), y);
+    store8(y + i, round_avx2(_mm256_mul_ps(silu, load8(up + i)), y));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float g = to_float(gate[i]);
+    const float s = g / (1.f + exp_scalar(-g));
+    y[i] = T(round_to<T>(s) * to_float(up[i]));
+  }
+}
 
 }  // namespace draftsman_simd

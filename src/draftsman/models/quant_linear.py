@@ -54,6 +54,7 @@ from draftsman.kernels.native import (
     kquant_amx,
     kquant_available,
     kquant_records,
+    records_swiglu,
     unavailable_reason,
 )
 from draftsman.kernels.tile_rows import tile_rows
@@ -314,6 +315,19 @@ class QuantLinear(nn.Module):
         if bias is None:
             return lambda x: op(x, packed, qtype, n, tiles_from)
         return lambda x: op(x, packed, qtype, n, tiles_from).add_(bias)
+
+    def swiglu_product(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """For a fused gate/up projection (gate rows, then up rows): x [M, K] contiguous in
+        `dtype` -> silu_mul(forward(x)) [M, out / 2] in one kernel call, the same bits
+        (`draftsman::kquant_records_swiglu`); None where rows_product is None, there is a
+        bias, the halves are not whole groups of 16 rows, or this CPU lacks the epilogue
+        (native.records_swiglu)."""
+        if (self.rows_product(dtype) is None or self.bias is not None
+                or self.out_features % 32 != 0 or not records_swiglu()):
+            return None
+        op = torch.ops.draftsman.kquant_records_swiglu
+        packed, qtype, n, tiles_from = self.parts[0].record_operands()
+        return lambda x: op(x, packed, qtype, n, tiles_from)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
