@@ -850,9 +850,12 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
                   n > (groups - 1) * COLS && n <= groups * COLS,
               draftsman_msg::text("kquant_records_mm: packed holds ", groups, " groups of ", packed.size(1),
                                   " bytes, not ", n, " rows of width ", k));
-  TORCH_CHECK(!swiglu || (DRAFTSMAN_RECORDS && n % (2 * COLS) == 0 && groups % 2 == 0),
-              draftsman_msg::text("kquant_records_swiglu: needs AVX-512 VNNI records and gate and up halves of",
-                                  " whole groups of ", COLS, " rows (n a multiple of ", 2 * COLS, "), not n = ", n));
+  TORCH_CHECK(!swiglu || DRAFTSMAN_RECORDS,
+              "kquant_records_swiglu: needs the AVX-512 VNNI records; this build has the AVX2 records only "
+              "(run silu_mul on kquant_records_mm's output)");
+  TORCH_CHECK(!swiglu || (n % (2 * COLS) == 0 && groups % 2 == 0),
+              draftsman_msg::text("kquant_records_swiglu: the gate and up halves must be whole groups of ", COLS,
+                                  " rows (n a multiple of ", 2 * COLS, "), not n = ", n));
   const int64_t y_cols = swiglu ? n / 2 : n;
   TORCH_CHECK(y.dim() == 2 && y.size(0) == m && y.scalar_type() == x.scalar_type() && y.stride(1) == 1 &&
                   y.stride(0) == y.size(1) && col >= 0 && col + y_cols <= y.size(1),
