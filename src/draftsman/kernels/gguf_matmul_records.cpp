@@ -702,6 +702,8 @@ struct Unit {
   static Unit consecutive(const uint8_t* w, int64_t group_bytes, int count) {
     return {w, w + group_bytes, count * group_bytes, count};
   }
+  // one group at w, the work going on at `then`
+  static Unit single(const uint8_t* w, const uint8_t* then) { return {w, nullptr, then - w, 1}; }
 };
 
 // The sums of a unit's groups against `rows` activation rows, group i's to acc + i * acc_step;
@@ -795,7 +797,7 @@ void swiglu_sums(int64_t qtype, const uint8_t* gate, const uint8_t* up, int coun
   for (int i = 0; i < 2 * count; ++i) {
     const uint8_t* w = i < count ? gate + i * group_bytes : up + (i - count) * group_bytes;
     const uint8_t* then = i == count - 1 ? up : i == 2 * count - 1 ? gate + count * group_bytes : w + group_bytes;
-    groups_product(qtype, Unit{w, w, then - w, 1}, x, nb, half, row_step, block_step, rows, tile_rows, tiles,
+    groups_product(qtype, Unit::single(w, then), x, nb, half, row_step, block_step, rows, tile_rows, tiles,
                    acc + i * acc_step, acc_step);
   }
 }

@@ -306,12 +306,11 @@ class QuantLinear(nn.Module):
         bias), the same bits without forward's shape and dtype handling; None where the parts
         are not one records matrix (K-quant or int8) in `dtype` (fused_cpu_step calls forward
         then)."""
-        operands = getattr(self.parts[0], "record_operands", None)
-        if (dtype != self.dtype or dtype not in (torch.float32, torch.bfloat16)
-                or len(self.parts) != 1 or operands is None):
+        operands = self._record_operands(dtype)
+        if operands is None:
             return None
         bias, op = self.bias, torch.ops.draftsman.kquant_records_mm
-        packed, qtype, n, tiles_from = operands()
+        packed, qtype, n, tiles_from = operands
         if bias is None:
             return lambda x: op(x, packed, qtype, n, tiles_from)
         return lambda x: op(x, packed, qtype, n, tiles_from).add_(bias)
@@ -322,12 +321,22 @@ class QuantLinear(nn.Module):
         (`draftsman::kquant_records_swiglu`); None where rows_product is None, there is a
         bias, the halves are not whole groups of 16 rows, or this CPU lacks the epilogue
         (native.records_swiglu)."""
-        if (self.rows_product(dtype) is None or self.bias is not None
-                or self.out_features % 32 != 0 or not records_swiglu()):
+        operands = self._record_operands(dtype)
+        if (operands is None or self.bias is not None or self.out_features % 32 != 0
+                or not records_swiglu()):
             return None
         op = torch.ops.draftsman.kquant_records_swiglu
-        packed, qtype, n, tiles_from = self.parts[0].record_operands()
+        packed, qtype, n, tiles_from = operands
         return lambda x: op(x, packed, qtype, n, tiles_from)
+
+    def _record_operands(self, dtype: torch.dtype) -> tuple[torch.Tensor, int, int, int] | None:
+        """The one records part's kernel operands where x in `dtype` can go straight to it
+        (the model's own float32 or bfloat16), else None."""
+        operands = getattr(self.parts[0], "record_operands", None)
+        if (dtype != self.dtype or dtype not in (torch.float32, torch.bfloat16)
+                or len(self.parts) != 1 or operands is None):
+            return None
+        return operands()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
