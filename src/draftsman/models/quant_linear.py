@@ -316,13 +316,11 @@ class QuantLinear(nn.Module):
         return lambda x: op(x, packed, qtype, n, tiles_from).add_(bias)
 
     def swiglu_product(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """For a fused gate/up projection (gate rows, then up rows): x [M, K] contiguous in
-        `dtype` -> silu_mul(forward(x)) [M, out / 2] in one kernel call, the same bits
-        (`draftsman::kquant_records_swiglu`); None where rows_product is None, there is a
-        bias, the halves are not whole groups of 16 rows, or this CPU lacks the epilogue
-        (native.records_swiglu)."""
+        """Gate rows then up rows: x [M, K] in `dtype` -> silu_mul(forward(x)) in one kernel
+        call, the same bits (`kquant_records_swiglu`); None without a direct call, with a
+        bias, halves not of whole groups of 16, or no epilogue here (records_swiglu)."""
         operands = self._record_operands(dtype)
-        if (operands is None or self.bias is not None or self.out_features % 32 != 0
+        if (operands is None or self.bias is not None or self.out_features % 32
                 or not records_swiglu()):
             return None
         op = torch.ops.draftsman.kquant_records_swiglu
@@ -330,8 +328,7 @@ class QuantLinear(nn.Module):
         return lambda x: op(x, packed, qtype, n, tiles_from)
 
     def _record_operands(self, dtype: torch.dtype) -> tuple[torch.Tensor, int, int, int] | None:
-        """The one records part's kernel operands where x in `dtype` can go straight to it
-        (the model's own float32 or bfloat16), else None."""
+        """The one records part's operands where x in `dtype` (the model's) goes straight in."""
         operands = getattr(self.parts[0], "record_operands", None)
         if (dtype != self.dtype or dtype not in (torch.float32, torch.bfloat16)
                 or len(self.parts) != 1 or operands is None):
