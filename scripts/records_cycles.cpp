@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     auto* d = reinterpret_cast<uint16_t*>(w + r * rec);
     for (int i = 0; i < halves; ++i) d[i] = static_cast<uint16_t>(0x2C00 + (rng() & 0x3FF));
   }
-  std::vector<Q8Block> x(static_cast<size_t>(16) * nb);  // row-major: row m's block b at m nb + b
+  std::vector<Q8Block> x(static_cast<size_t>(16) * nb);  // row-major (row m's block b at m nb + b) or block-major
   for (auto& b : x) {
     for (int i = 0; i < QK; ++i) b.q[i] = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
     b.d = 0.01f;
@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ROWS must be 1..16\n");
       return 2;
     }
+    const bool by_block = rows_by_block(qtype, rows);  // as the kernel lays the rows out
     double best = 1e300;
     for (int rep = 0; rep < repeats; ++rep) {
       const uint64_t start = __rdtsc();
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
           alignas(64) float acc[2 * 16 * COLS] = {};
           groups_product(qtype, Unit::consecutive(w + group_bytes * g, static_cast<int64_t>(group_bytes),
                                                   std::min(unit, groups - g)),
-                         x.data(), nb, false, nb, 1, rows, 0, false, acc, 16 * COLS);
+                         x.data(), nb, false, by_block ? 1 : nb, by_block ? rows : 1, rows, 0, false, acc,
+                         16 * COLS);
         }
       }
       best = std::min(best, static_cast<double>(__rdtsc() - start));

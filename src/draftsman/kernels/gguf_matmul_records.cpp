@@ -498,12 +498,13 @@ struct Q6kPath {
 
 // The 8-bit records (q8_records.h), vectors only: Q8_0 blocks (Scales = Q8Scales, one float16
 // scale per 32 folded per block) and int8 rows (I8Scales, one integer per record and row).
-// 8 rows in registers (two accumulators each, 2 weight vectors); more take passes over the
-// record in L1, which has nothing to unpack.
+// Q8_0: 8 rows in registers (two accumulators each, 2 weight vectors); int8 rows: 16 (one
+// accumulator each past 8); more take passes over the record in L1, which has nothing to
+// unpack.
 template <typename S>
 struct BytePath {
   static constexpr int BYTES = record_bytes(S::QTYPE), HALF_BYTES = half_record_bytes(S::QTYPE);
-  static constexpr int PASS_ROWS = 8;
+  static constexpr int PASS_ROWS = S::QTYPE == TYPE_I8_ROW ? 16 : 8;
   using Scales = S;
   using Record = ByteRecord<S::WEIGHTS>;
   using Unpacked = ByteUnpacked<S::WEIGHTS>;
@@ -689,6 +690,13 @@ inline bool pair_groups(int64_t qtype, int64_t rows, bool tiles) {
 }
 
 #if DRAFTSMAN_RECORDS
+// Whether a call's activation blocks lie block-major (row m's block b at b * tiled + m):
+// past one tile of rows (below), and for int8 rows from I8_ONE_SUM_ROWS (i8_many_rows needs
+// every row's block at a constant offset from the first's).
+inline bool rows_by_block(int64_t qtype, int64_t tiled) {
+  return tiled > TILE_ROWS || (qtype == TYPE_I8_ROW && tiled >= I8_ONE_SUM_ROWS);
+}
+
 // Where a unit of work's groups lie in a packed matrix: the first group's records at `a`, the
 // second's (count 2) at `b`, the next unit's first group `next` bytes past `a` (a pair's
 // prefetch runs on into it). A plain product's unit: consecutive groups (`consecutive`); a
@@ -875,7 +883,7 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // rows every tile reads for one block are one contiguous run the prefetcher follows;
   // row-major, a prompt's rows of a wide matrix (35 blocks of 292 bytes each) were hundreds
   // of strided streams, slower than unpacking each block once per tile.
-  const bool by_block = tiled > TILE_ROWS;
+  const bool by_block = rows_by_block(qtype, tiled);
   thread_local std::vector<Q8Block> xs;  // grows only: no allocation or page faults per call
   quantize_rows_into(x, tiled, nb, by_block, xs);
   const Q8Block* xdata = xs.data();  // a lambda's `xs` would be its own thread's

@@ -106,11 +106,90 @@ struct I8Scales {
   explicit I8Scales(const uint8_t* w) : d(_mm512_loadu_ps(w + I8_OFF_D)) {}
 };
 
+// The rows from which an int8-row record's products take one accumulator each (up to 16 in
+// one pass); below, two (i8_few_rows).
+constexpr int I8_ONE_SUM_ROWS = 9;
+
+// Rows of a many-row pass whose 4 activations come from a shuffle instead of a broadcast load.
+// Why: a Zen 5 core loads two vectors a cycle, and a vpdpbusd with its activations broadcast
+// from memory spends one of them, so with the weight vectors and the prefetches a pass ran on
+// its loads rather than its two vpdpbusd a cycle. A row here loads 16 bytes (4 k-rows' 4
+// activations) into each 128-bit lane once per 4 k-rows and vpshufd picks each k-row's 4,
+// on a pipe the products leave free (a microbenchmark of this loop from L1, 16 rows: 42.0 ->
+// 39.0-39.3 reference cycles for its 128 products with 2-4 such rows, 40.3 with 6).
+constexpr int I8_SHUFFLED_ROWS = 3;
+
+// Row m's 4 activations for k-row 4 h + R4 of its 16 bytes `lanes` (loaded to every lane).
+template <int R4>
+inline __m512i pick_k_row(__m512i lanes) {
+  return _mm512_shuffle_epi32(lanes, static_cast<_MM_PERM_ENUM>(0x55 * R4));
+}
+
+// A row's 16 activations (4 k-rows) in every 128-bit lane; the empty asm keeps the compiler
+// from folding load and shuffle back into a broadcast load per product.
+inline __m512i four_k_rows(const uint8_t* x) {
+  __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  __asm__("" : "+v"(v));
+  return v;
+}
+
+// One int8-row record against R rows in one pass (I8_ONE_SUM_ROWS <= R <= 16): one accumulator
+// a row over the record, started at the sum of its two offsets, so the integer is the few-row
+// path's two accumulators added (exact: |C| < 2^24) and the float finish is the same.
+// The rows' blocks lie one after another (block-major, row_step 1: the caller lays them out
+// so from I8_ONE_SUM_ROWS rows), so every activation is one pointer and a constant offset:
+// with a stride known only at run time, 16 rows' addresses took 16 registers, and the
+// compiler spilled them and reloaded them from the stack, loads the loop has none to spare.
+template <int R, int PAIRS, typename Weights>
+inline void i8_many_rows(const Weights& weights, const uint8_t* xq, const I8Scales& s, const Q8Block* xb,
+                         float* acc, RecordPrefetch& ahead) {
+  constexpr int S = I8_SHUFFLED_ROWS;
+  constexpr int64_t xstride = sizeof(Q8Block);
+  __m512i c[R];
+  for (int m = 0; m < R; ++m) {
+    const Q8Block& x = xb[m];
+    c[m] = _mm512_set1_epi32(x.i8_offsets[0] + x.i8_offsets[1]);
+  }
+  const auto step = [&]<int R4>(int p, int h, const __m512i (&lanes)[S][2]) {
+    const int r = 4 * h + R4;
+    ahead.line();
+    ahead.line();
+    __m512i q[2];
+    weights(p, r, &q[0], &q[1]);
+    for (int half = 0; half < 2; ++half) {
+      for (int m = 0; m < S; ++m) c[m] = _mm512_dpbusd_epi32(c[m], q[half], pick_k_row<R4>(lanes[m][half]));
+      for (int m = S; m < R; ++m) c[m] = dpbusd_broadcast(c[m], q[half], xq + m * xstride + 64 * p + 32 * half + 4 * r);
+    }
+  };
+  for (int p = 0; p < PAIRS; ++p) {
+    for (int h = 0; h < 2; ++h) {
+      __m512i lanes[S][2];
+      for (int m = 0; m < S; ++m) {
+        lanes[m][0] = four_k_rows(xq + m * xstride + 64 * p + 16 * h);
+        lanes[m][1] = four_k_rows(xq + m * xstride + 64 * p + 32 + 16 * h);
+      }
+      step.template operator()<0>(p, h, lanes);
+      step.template operator()<1>(p, h, lanes);
+      step.template operator()<2>(p, h, lanes);
+      step.template operator()<3>(p, h, lanes);
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    float* a = acc + COLS * m;
+    const __m512 dd = _mm512_mul_ps(s.d, _mm512_set1_ps(xb[m].d));
+    _mm512_storeu_ps(a, _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(c[m]), _mm512_loadu_ps(a)));
+  }
+}
+
 // One int8-row record against R rows (up to 8: two accumulators each, the even and odd
-// sub-blocks, whose two chains keep the vpdpbusd units busy at few rows); PAIRS as above.
+// sub-blocks, whose two chains keep the vpdpbusd units busy at few rows; from
+// I8_ONE_SUM_ROWS, i8_many_rows); PAIRS as above.
 template <int R, int PAIRS, typename Weights>
 inline void byte_block_vectors(const Weights& weights, const uint8_t* xq, int64_t xstride, const I8Scales& s,
                                const Q8Block* xb, int64_t row_step, float* acc, RecordPrefetch& ahead) {
+  if constexpr (R >= I8_ONE_SUM_ROWS) {
+    return i8_many_rows<R, PAIRS>(weights, xq, s, xb, acc, ahead);  // row_step 1
+  }
   __m512i c[R][2];
   for (int m = 0; m < R; ++m) {
     const Q8Block& x = xb[m * row_step];
