@@ -203,16 +203,16 @@ inline void quantize_block(const T* xb, Q8Block& o) {
 #endif
 }
 
-// A row of k floats or bf16 as nb blocks, zero-padded past k (the last block through a
-// zeroed copy): the blocks of the row padded to nb * 256 first.
+// A row of k floats or bf16 as nb blocks, block b at out[b * step], zero-padded past k (the
+// last block through a zeroed copy): the blocks of the row padded to nb * 256 first.
 template <typename T>
-inline void quantize_row(const T* x, int64_t k, int64_t nb, Q8Block* out) {
+inline void quantize_row(const T* x, int64_t k, int64_t nb, Q8Block* out, int64_t step) {
   const int64_t whole = std::min(nb, k / QK);
-  for (int64_t b = 0; b < whole; ++b) quantize_block(x + b * QK, out[b]);
+  for (int64_t b = 0; b < whole; ++b) quantize_block(x + b * QK, out[b * step]);
   for (int64_t b = whole; b < nb; ++b) {
     T tail[QK] = {};
     for (int64_t i = b * QK; i < std::min(k, (b + 1) * QK); ++i) tail[i - b * QK] = x[i];
-    quantize_block(tail, out[b]);
+    quantize_block(tail, out[b * step]);
   }
 }
 
@@ -267,21 +267,19 @@ inline void quantize_rows_into(const at::Tensor& x, int64_t rows, int64_t nb, bo
   const int64_t m = x.size(0), k = x.size(1);
   if (static_cast<int64_t>(out.size()) < rows * nb) out.resize(static_cast<size_t>(rows * nb));
   const bool bf16 = x.scalar_type() == at::kBFloat16;
+  // row r's blocks written in place, one after another or `rows` apart
+  const int64_t first = block_major ? 1 : nb, step = block_major ? rows : 1;
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
-    std::vector<Q8Block> scattered(block_major ? static_cast<size_t>(nb) : 0);
     for (int64_t r = begin; r < end; ++r) {
-      Q8Block* blocks = block_major ? scattered.data() : out.data() + r * nb;
+      Q8Block* blocks = out.data() + r * first;
       if (r < m) {
         if (bf16) {
-          quantize_row(x.data_ptr<c10::BFloat16>() + r * k, k, nb, blocks);
+          quantize_row(x.data_ptr<c10::BFloat16>() + r * k, k, nb, blocks, step);
         } else {
-          quantize_row(x.data_ptr<float>() + r * k, k, nb, blocks);
+          quantize_row(x.data_ptr<float>() + r * k, k, nb, blocks, step);
         }
       } else {
-        std::fill(blocks, blocks + nb, Q8Block{});
-      }
-      if (block_major) {
-        for (int64_t b = 0; b < nb; ++b) out[b * rows + r] = blocks[b];
+        for (int64_t b = 0; b < nb; ++b) blocks[b * step] = Q8Block{};
       }
     }
   });
