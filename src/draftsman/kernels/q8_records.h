@@ -107,7 +107,7 @@ struct I8Scales {
 };
 
 // The rows from which an int8-row record's products take one accumulator each (up to 16 in
-// one pass); below, two (i8_few_rows).
+// one pass, i8_many_rows); below, two (byte_block_vectors).
 constexpr int I8_ONE_SUM_ROWS = 9;
 
 // Rows of a many-row pass whose 4 activations come from a shuffle instead of a broadcast load.
@@ -116,7 +116,9 @@ constexpr int I8_ONE_SUM_ROWS = 9;
 // its loads rather than its two vpdpbusd a cycle. A row here loads 16 bytes (4 k-rows' 4
 // activations) into each 128-bit lane once per 4 k-rows and vpshufd picks each k-row's 4,
 // on a pipe the products leave free (a microbenchmark of this loop from L1, 16 rows: 42.0 ->
-// 39.0-39.3 reference cycles for its 128 products with 2-4 such rows, 40.3 with 6).
+// 39.0-40.0 reference cycles for its 128 products with 2-4 such rows, 40.4 with 6; the
+// kernel from L2, 16 rows a record: 24.0 reference cycles a record-row with none, 21.1-22.1
+// with 3; bench-results/profile-zen5-int8-one-pass).
 constexpr int I8_SHUFFLED_ROWS = 3;
 
 // Row m's 4 activations for k-row 4 h + R4 of its 16 bytes `lanes` (loaded to every lane).
