@@ -24,12 +24,14 @@ def main() -> int:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--heads", default="12,2,128",
+                   help="query heads, KV heads, head size (default the 1.5B's; the 0.5B: 14,2,64)")
     a = p.parse_args()
     if not kquant_available():
         raise SystemExit(f"the kernels do not load here: {unavailable_reason()}")
     torch.set_num_threads(a.threads)
     dtype = getattr(torch, a.dtype)
-    nq, nkv, d = 12, 2, 128
+    nq, nkv, d = (int(v) for v in a.heads.split(","))
     rows = [int(r) for r in a.rows.split(",")]
     capacity = a.context + max(rows)
     k = torch.randn(1, nkv, capacity, d).to(dtype)

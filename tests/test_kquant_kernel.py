@@ -211,7 +211,8 @@ def test_record_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype, til
     """Up to 8 (Q4_K) or 5 (Q6_K) rows take one vpdpbusd pass, more several passes, from 6
     rows two groups at once (kquant_records_pairs.h; of 3 groups, 2 paired and 1 alone) or
     the tiles (17+: blocks laid out block-major): each row's own arithmetic, so the same bits
-    whichever path a row count takes."""
+    whichever path a row count takes. On 2 threads 17 and 21 rows (34+ blocks) are quantised
+    inside the product's parallel region, half the rows by each thread: the same blocks."""
     assert_batch_invariant(lambda x, rows, q: records_mm(x, rows, q, tiles), qtype,
                            (2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 21, 40), seed=6)
 

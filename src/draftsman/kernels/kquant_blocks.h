@@ -256,37 +256,45 @@ inline void q6k_values(const uint8_t* blk, uint8_t* q) {
   }
 }
 
-// The fewest blocks a thread quantises: a call with fewer quantises them on the calling thread,
-// faster than starting another (16 rows of 896 in one 16-row group: 10.2 -> 5.7 us a call).
+// The fewest blocks a thread quantises in a region of its own: a call with fewer quantises them
+// on the calling thread, faster than starting another (16 rows of 896 in one 16-row group:
+// 10.2 -> 5.7 us a call). The records kernel instead shares its product's region from 32
+// blocks (gguf_matmul_records.cpp: quantize_then_work), where no region is started for it.
 constexpr int64_t QUANTIZE_GRAIN = 128;
 
-// x [M, K] (float32 or bfloat16) as nb Q8Blocks per row into `out`, row-major (row r's
-// block b at r * nb + b) or block-major (at b * rows + r); rows M..rows-1 are zero blocks
-// (d = 0, q = 0, sums 0). A row narrower than the nb * 256 the weights were padded to (K not
-// a multiple of 256, as a 0.5B's 896) is quantised as if padded with zeros: the same blocks
-// as padding it first. Each row is quantised on its own: its blocks never depend on the
-// other rows. `out` only grows, so a caller may keep it across calls.
-inline void quantize_rows_into(const at::Tensor& x, int64_t rows, int64_t nb, bool block_major,
-                               std::vector<Q8Block>& out) {
+// Rows r0..r1-1 of x [M, K] (float32 or bfloat16) as nb Q8Blocks each into `out`, which holds
+// `rows` rows of them, row-major (row r's block b at r * nb + b) or block-major (at
+// b * rows + r); rows from M on are zero blocks (d = 0, q = 0, sums 0). A row narrower than
+// the nb * 256 the weights were padded to (K not a multiple of 256, as a 0.5B's 896) is
+// quantised as if padded with zeros: the same blocks as padding it first. Each row is
+// quantised on its own: its blocks never depend on the other rows, nor on who quantises it.
+inline void quantize_row_range(const at::Tensor& x, int64_t r0, int64_t r1, int64_t rows, int64_t nb,
+                               bool block_major, Q8Block* out) {
   const int64_t m = x.size(0), k = x.size(1);
-  if (static_cast<int64_t>(out.size()) < rows * nb) out.resize(static_cast<size_t>(rows * nb));
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   // row r's blocks written in place, one after another or `rows` apart
   const int64_t first = block_major ? 1 : nb, step = block_major ? rows : 1;
+  for (int64_t r = r0; r < r1; ++r) {
+    Q8Block* blocks = out + r * first;
+    if (r < m) {
+      if (bf16) {
+        quantize_row(x.data_ptr<c10::BFloat16>() + r * k, k, nb, blocks, step);
+      } else {
+        quantize_row(x.data_ptr<float>() + r * k, k, nb, blocks, step);
+      }
+    } else {
+      for (int64_t b = 0; b < nb; ++b) blocks[b * step] = Q8Block{};
+    }
+  }
+}
+
+// All `rows` rows so into `out`, which only grows, so that a caller may keep it across calls.
+inline void quantize_rows_into(const at::Tensor& x, int64_t rows, int64_t nb, bool block_major,
+                               std::vector<Q8Block>& out) {
+  if (static_cast<int64_t>(out.size()) < rows * nb) out.resize(static_cast<size_t>(rows * nb));
   const int64_t grain = std::max<int64_t>(1, (QUANTIZE_GRAIN + nb - 1) / nb);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      Q8Block* blocks = out.data() + r * first;
-      if (r < m) {
-        if (bf16) {
-          quantize_row(x.data_ptr<c10::BFloat16>() + r * k, k, nb, blocks, step);
-        } else {
-          quantize_row(x.data_ptr<float>() + r * k, k, nb, blocks, step);
-        }
-      } else {
-        for (int64_t b = 0; b < nb; ++b) blocks[b * step] = Q8Block{};
-      }
-    }
+    quantize_row_range(x, begin, end, rows, nb, block_major, out.data());
   });
 }
 
