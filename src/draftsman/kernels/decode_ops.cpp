@@ -37,42 +37,68 @@ using namespace draftsman_simd;
 
 // ---- rms_norm ----
 
+// The sum of squares of a row in one fixed order, the same for every row count and CPU:
+// PARTS partial sums, part l over the elements l, l + PARTS, l + 2 PARTS, ... in order (one
+// fma each), then one tree over the parts. PARTS chains instead of one keep the fma's
+// latency off the row's time (AVX-512: 4 vectors, AVX2: 8; a 16-row verify's 57 norms of
+// 1536 had cost the 1.5B ~0.5 ms a step on one 8-lane chain).
+constexpr int PARTS = 64;
+
 template <typename T>
-void rms_norm_row(const T* x, const T* w, int64_t h, float eps, T* y) {
-  // 8 partial sums in a fixed order: the same for every row count and CPU
-  float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+float sum_of_squares(const T* x, int64_t h) {
+  alignas(64) float part[PARTS] = {};
   int64_t i = 0;
-#if DRAFTSMAN_AVX2
-  {  // the scalar loop's 8 partial sums, one per lane
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= h; i += 8) {
-      const __m256 v = load8(x + i);
-      acc = _mm256_fmadd_ps(v, v, acc);
+#if DRAFTSMAN_AVX512_OPS
+  {
+    __m512 acc[PARTS / 16];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (; i + PARTS <= h; i += PARTS) {
+      for (int v = 0; v < PARTS / 16; ++v) {
+        const __m512 e = load16(x + i + 16 * v);
+        acc[v] = _mm512_fmadd_ps(e, e, acc[v]);
+      }
     }
-    _mm256_storeu_ps(part, acc);
+    for (int v = 0; v < PARTS / 16; ++v) _mm512_store_ps(part + 16 * v, acc[v]);
+  }
+#elif DRAFTSMAN_AVX2
+  {
+    __m256 acc[PARTS / 8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (; i + PARTS <= h; i += PARTS) {
+      for (int v = 0; v < PARTS / 8; ++v) {
+        const __m256 e = load8(x + i + 8 * v);
+        acc[v] = _mm256_fmadd_ps(e, e, acc[v]);
+      }
+    }
+    for (int v = 0; v < PARTS / 8; ++v) _mm256_store_ps(part + 8 * v, acc[v]);
   }
 #endif
-  for (; i + 8 <= h; i += 8) {
-    for (int l = 0; l < 8; ++l) {
-      const float v = to_float(x[i + l]);
-      part[l] = std::fma(v, v, part[l]);
-    }
+  for (; i < h; ++i) part[i % PARTS] = std::fma(to_float(x[i]), to_float(x[i]), part[i % PARTS]);
+  for (int w = PARTS / 2; w >= 1; w /= 2) {
+    for (int k = 0; k < w; ++k) part[k] += part[k + w];
   }
-  for (; i < h; ++i) part[i % 8] = std::fma(to_float(x[i]), to_float(x[i]), part[i % 8]);
-  const float sum = ((part[0] + part[4]) + (part[1] + part[5])) +
-                    ((part[2] + part[6]) + (part[3] + part[7]));
-  const float rstd = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
+  return part[0];
+}
+
+template <typename T>
+void rms_norm_row(const T* x, const T* w, int64_t h, float eps, T* y) {
+  const float rstd = 1.f / std::sqrt(sum_of_squares(x, h) / static_cast<float>(h) + eps);
+  // normalised in float32 and stored in the activation dtype, then scaled in it: the
+  // scalar loop's roundings, 16 or 8 at a time
   int64_t j = 0;
+#if DRAFTSMAN_AVX512_OPS
+  for (; j + 16 <= h; j += 16) {
+    const __m512 normed = round16(_mm512_mul_ps(load16(x + j), _mm512_set1_ps(rstd)), y);
+    store16(y + j, round16(_mm512_mul_ps(load16(w + j), normed), y));
+  }
+#endif
 #if DRAFTSMAN_AVX2
-  for (; j + 8 <= h; j += 8) {  // the scalar loop's roundings, 8 at a time
+  for (; j + 8 <= h; j += 8) {
     const __m256 normed = round_avx2(_mm256_mul_ps(load8(x + j), _mm256_set1_ps(rstd)), y);
     store8(y + j, round_avx2(_mm256_mul_ps(load8(w + j), normed), y));
   }
 #endif
-  for (; j < h; ++j) {
-    // normalised in float32 and stored in the activation dtype, then scaled in it
-    y[j] = T(to_float(w[j]) * round_to<T>(to_float(x[j]) * rstd));
-  }
+  for (; j < h; ++j) y[j] = T(to_float(w[j]) * round_to<T>(to_float(x[j]) * rstd));
 }
 
 // The norms' weight [H] in x's dtype, float32 or bfloat16, or a one-line error naming `op`;
@@ -86,14 +112,17 @@ bool checked_norm_weight(const char* op, const at::Tensor& x, const at::Tensor& 
   return bf16;
 }
 
+// Rows a thread takes at least: a verify's 16 rows of 1536 (~3 us on one thread) finish
+// before a second thread would have started (~2.5 us on a 2-core KVM EPYC); a prompt's rows
+// are shared out.
+inline int64_t norm_grain(int64_t h) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(h, 1)); }
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "rms_norm: x must be a contiguous [M, H]");
   const bool bf16 = checked_norm_weight("rms_norm", x, weight);
   const int64_t m = x.size(0), h = x.size(1);
   at::Tensor y = at::empty_like(x);
-  // 8 rows a thread at least: a verify's 16 rows on two threads (1536 wide, 14.7 -> ~8 us),
-  // while one row is not worth waking a second thread
-  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, m, norm_grain(h), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       if (bf16) {
         rms_norm_row(x.data_ptr<c10::BFloat16>() + r * h, weight.data_ptr<c10::BFloat16>(), h,
@@ -111,10 +140,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 // s = x + delta rounded to the activation dtype (as PyTorch's add rounds: the float sum, to
 // nearest even), then y = rms_norm_row(s): a block's residual add and the next norm in one
-// pass over the row (the separate bf16 add cost 8 us a call at 16 rows of 1536)
+// call over the row (the separate bf16 add cost 8 us a call at 16 rows of 1536)
 template <typename T>
 void add_rms_norm_row(const T* x, const T* delta, const T* w, int64_t h, float eps, T* s, T* y) {
   int64_t i = 0;
+#if DRAFTSMAN_AVX512_OPS
+  for (; i + 16 <= h; i += 16) store16(s + i, round16(_mm512_add_ps(load16(x + i), load16(delta + i)), s));
+#endif
 #if DRAFTSMAN_AVX2
   for (; i + 8 <= h; i += 8) store8(s + i, round_avx2(_mm256_add_ps(load8(x + i), load8(delta + i)), s));
 #endif
@@ -130,7 +162,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   const bool bf16 = checked_norm_weight("add_rms_norm", x, weight);
   const int64_t m = x.size(0), h = x.size(1);
   at::Tensor sum = at::empty_like(x), y = at::empty_like(x);
-  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {  // as rms_norm
+  at::parallel_for(0, m, norm_grain(h), [&](int64_t begin, int64_t end) {  // as rms_norm
     for (int64_t r = begin; r < end; ++r) {
       if (bf16) {
         add_rms_norm_row(x.data_ptr<c10::BFloat16>() + r * h, delta.data_ptr<c10::BFloat16>() + r * h,
