@@ -1,8 +1,13 @@
+// The norms' bits on every path: built three ways, the AVX-512, AVX2 and scalar builds print
+// the same hash of add_rms_norm_row's outputs (bf16 and float32, widths 64..8960).
+//   for f in "-march=native" "-march=x86-64-v3" "-march=x86-64"; do
+//     g++ -O3 -std=c++20 -ffp-contract=off $f -fopenmp -Isrc/draftsman/kernels $TORCH_INCLUDES \
+//       norm_paths.cpp -o norm_paths $TORCH_LIBS && ./norm_paths; done
 #include <cstdio>
 #include <cstdint>
 #include <random>
 #include <vector>
-#include "../../../work/main/src/draftsman/kernels/decode_ops.cpp"
+#include "decode_ops.cpp"
 int main() {
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.f, 3.f);
