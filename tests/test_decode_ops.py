@@ -195,9 +195,11 @@ def test_short_attention_groups_query_heads_onto_their_kv_head():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("d", "t"), [(16, 3), (128, 10)])
+@pytest.mark.parametrize(("d", "t"), [(16, 3), (128, 10), (64, 16), (64, 17)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype, d, t):
+    """Up to 16 rows (AVX-512, d a multiple of 64) each attention task rotates and writes its
+    own KV head's rows; 17 take a rotation pass first: the same bits either way."""
     nq, nkv, start = 4, 2, 5
     config = ModelConfig.from_dict(dict(
         model_type="llama", vocab_size=10, hidden_size=nq * d, intermediate_size=8,

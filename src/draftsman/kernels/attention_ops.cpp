@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -353,9 +354,16 @@ E* scratch(std::vector<E>& buf, int64_t n) {
   return reinterpret_cast<E*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
 }
 
-template <typename T>
+// Whether attend_wide gives each task all t new rows of its KV head (one chunk a head): then a
+// task may write its head's new keys and values itself (rope_attention's per-head prologue).
+inline bool one_task_a_head(int64_t t, int64_t heads) { return rows_per_task(t, heads) >= t; }
+
+// `head_prologue(bi, g)`, where given, runs at the start of task (bi, g) before it reads q, the
+// keys or the values; only with one task a head (one_task_a_head).
+template <typename T, typename Prologue = std::nullptr_t>
 void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                 const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
+                 const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out,
+                 const Prologue& head_prologue = nullptr) {
   const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t hkv = keys.size(1), s = keys.size(2), group = hq / hkv;
   // bf16 rows: scores on AVX512-BF16 pairs where the CPU has them (attention_bf16.cpp), keys
@@ -375,6 +383,7 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bi = task / (hkv * chunks), g = (task / chunks) % hkv;
       const int64_t r0 = (task % chunks) * per_task, rows = std::min(per_task, t - r0);
+      if constexpr (!std::is_same_v<Prologue, std::nullptr_t>) head_prologue(bi, g);
       const int64_t n = rows * group;  // query rows: (new row, head in the group)
       float* vf = scratch(vbuf, s * d);
       float* sc = scratch(sbuf, n * s_pad);
@@ -474,6 +483,16 @@ template <typename T>
 void rotate(const T* x, const T* cos, const T* sin, int64_t d, T* out) {
   const int64_t half = d / 2;
   int64_t i = 0;
+#if DRAFTSMAN_AVX512
+  if (half % 16 == 0) {  // the same products, roundings and sums, 16 at a time
+    for (; i < d; i += 16) {
+      const __m512 swapped = load16(x + (i < half ? i + half : i - half));
+      const __m512 a = round16(_mm512_mul_ps(load16(x + i), load16(cos + i)), out);
+      const __m512 b = round16(_mm512_mul_ps(swapped, load16(sin + i)), out);
+      store16(out + i, round16(_mm512_add_ps(a, b), out));
+    }
+  }
+#endif
 #if DRAFTSMAN_AVX2
   if (half % 8 == 0) {  // the same products, roundings and sums, 8 at a time
     for (; i < d; i += 8) {
@@ -506,25 +525,40 @@ at::Tensor rope_attention_impl(const at::Tensor& qkv, const at::Tensor& cos, con
   T* qp = q.data_ptr<T>();
   T* kc = k_cache.data_ptr<T>();
   T* vc = v_cache.data_ptr<T>();
-  // q and k heads rotated (q into a fresh [B, Hq, T, D], k into its cache slot), v copied
-  at::parallel_for(0, b * t, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t bi = r / t, ti = r % t;
-      const T* row = src + r * width;
-      const T* c = cp + r * d;
-      const T* sn = sp + r * d;
-      for (int64_t h = 0; h < nq; ++h) rotate(row + h * d, c, sn, d, qp + ((bi * nq + h) * t + ti) * d);
-      for (int64_t h = 0; h < nkv; ++h) {
-        const int64_t slot = bi * k_cache.stride(0) + h * k_cache.stride(1) + (start + ti) * k_cache.stride(2);
-        rotate(row + (nq + h) * d, c, sn, d, kc + slot);
-        std::memcpy(vc + bi * v_cache.stride(0) + h * v_cache.stride(1) + (start + ti) * v_cache.stride(2),
-                    row + (nq + nkv + h) * d, sizeof(T) * d);
-      }
+  // q and k heads rotated (q into a fresh [B, Hq, T, D], k into its cache slot), v copied:
+  // row r's heads from h0 to h1 (q heads) and KV heads g0 to g1
+  const auto rotate_row = [&](int64_t r, int64_t h0, int64_t h1, int64_t g0, int64_t g1) {
+    const int64_t bi = r / t, ti = r % t;
+    const T* row = src + r * width;
+    const T* c = cp + r * d;
+    const T* sn = sp + r * d;
+    for (int64_t h = h0; h < h1; ++h) rotate(row + h * d, c, sn, d, qp + ((bi * nq + h) * t + ti) * d);
+    for (int64_t h = g0; h < g1; ++h) {
+      const int64_t slot = bi * k_cache.stride(0) + h * k_cache.stride(1) + (start + ti) * k_cache.stride(2);
+      rotate(row + (nq + h) * d, c, sn, d, kc + slot);
+      std::memcpy(vc + bi * v_cache.stride(0) + h * v_cache.stride(1) + (start + ti) * v_cache.stride(2),
+                  row + (nq + nkv + h) * d, sizeof(T) * d);
     }
-  });
+  };
   const at::Tensor keys = k_cache.narrow(2, 0, start + t);
   const at::Tensor values = v_cache.narrow(2, 0, start + t);
   at::Tensor out = at::empty({b, t, nq * d}, qkv.options());
+#if DRAFTSMAN_AVX512
+  // Where every attention task holds all new rows of one KV head, the task rotates and writes
+  // that head's rows itself (its q heads, its key and value): one parallel region a layer
+  // instead of two (a verify's 16 rows, 2 KV heads, 2 threads), the same bits.
+  const bool amx = std::is_same_v<T, c10::BFloat16> && d % 64 == 0 && draftsman_attention::amx_attention_available();
+  if (d % 64 == 0 && !amx && one_task_a_head(t, b * nkv)) {
+    const int64_t group = nq / nkv;
+    attend_wide<T>(q, keys, values, bias, static_cast<float>(scale), out, [&](int64_t bi, int64_t g) {
+      for (int64_t ti = 0; ti < t; ++ti) rotate_row(bi * t + ti, g * group, (g + 1) * group, g, g + 1);
+    });
+    return out;
+  }
+#endif
+  at::parallel_for(0, b * t, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) rotate_row(r, 0, nq, 0, nkv);
+  });
   attend_best<T>(q, keys, values, bias, static_cast<float>(scale), out);
   return out;
 }
