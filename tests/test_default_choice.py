@@ -142,6 +142,15 @@ def test_a_smaller_run_does_not_replace_a_larger_runs_record(tmp_path):
     assert dm.read_records(path)[0].spec == "autoregressive"
 
 
+def test_the_same_run_again_replaces_its_record_though_its_replies_end_elsewhere(tmp_path):
+    path = tmp_path / "d.json"
+    assert dm.write_record(record(tokens=1467), path) is None
+    assert dm.write_record(record(spec="autoregressive", tokens=1456), path) is None
+    assert dm.read_records(path)[0].spec == "autoregressive"
+    kept = dm.write_record(record(spec="speculative:draft=suffix,gamma=auto", tokens=1300), path)
+    assert kept is not None and kept.spec == "autoregressive"
+
+
 def test_bench_records_only_greedy_runs_on_catalogue_targets(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
     engine = SimpleNamespace(backend="llama.cpp", numerics_key="fast")

@@ -546,7 +546,8 @@ at::Tensor rope_attention_impl(const at::Tensor& qkv, const at::Tensor& cos, con
 #if DRAFTSMAN_AVX512
   // Where every attention task holds all new rows of one KV head, the task rotates and writes
   // that head's rows itself (its q heads, its key and value): one parallel region a layer
-  // instead of two (a verify's 16 rows, 2 KV heads, 2 threads), the same bits.
+  // instead of two (a verify's 16 rows, 2 KV heads, 2 threads), the same bits. Only where
+  // attend_best would take attend_wide (no AMX tiles for these rows).
   const bool amx = std::is_same_v<T, c10::BFloat16> && d % 64 == 0 && draftsman_attention::amx_attention_available();
   if (d % 64 == 0 && !amx && one_task_a_head(t, b * nkv)) {
     const int64_t group = nq / nkv;

@@ -6,8 +6,10 @@ the best overall tokens/s, keyed by (CPU model, target, backend, numerics), in
 `$DRAFTSMAN_HOME/default-methods.json`. `default` resolves to that record when one matches
 this machine, target, backend and numerics, else to the built-in default of the backend.
 
-A run replaces a record only if it timed at least as many tokens with its fastest
-configuration as the run that wrote it, so a quick smoke run never overrides a full one.
+A run replaces a record only if it timed at least SAME_RUN_SHARE as many tokens with its
+fastest configuration as the run that wrote it, so a quick smoke run never overrides a full
+one, while the same preset run again replaces it (after a numerics change its greedy replies
+end a few tokens earlier or later).
 
 Invariants: a record only ever names an exact method (the bench writes no other); a missing,
 unreadable or corrupt file is ignored with a warning and never stops generation; only
@@ -32,6 +34,9 @@ from draftsman.store.catalogue import CATALOGUE
 from draftsman.store.home import draftsman_home
 
 DEFAULT = "default"
+# The share of a record's timed tokens a run must time to replace it: the cpu preset run again
+# on a build with other roundings timed 1,456 tokens where its record had 1,467.
+SAME_RUN_SHARE = 0.9
 # The built-in defaults when nothing was measured: on llama.cpp the free suffix drafter
 # (prompt, reply so far and the client's history) with the cost-model γ, which verifies no
 # guess where none pays; on torch plain decoding, as before backends were chosen
@@ -150,11 +155,12 @@ def recordable(target: str) -> bool:
 def write_record(record: Measured, path: Path | None = None,
                  warn: Warn = _stderr) -> Measured | None:
     """Add `record`, replacing the one with the same key unless that one was measured over
-    more tokens (then it is returned and nothing is written); atomic (write, then rename)."""
+    clearly more tokens (SAME_RUN_SHARE: then it is returned and nothing is written); atomic
+    (write, then rename)."""
     path = path or record_path()
     old = read_records(path, warn)
-    larger = next((r for r in old if r.key() == record.key() and r.tokens > record.tokens),
-                  None)
+    larger = next((r for r in old
+                   if r.key() == record.key() and record.tokens < SAME_RUN_SHARE * r.tokens), None)
     if larger is not None:
         return larger
     records = [r for r in old if r.key() != record.key()]
