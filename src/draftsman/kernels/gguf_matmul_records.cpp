@@ -814,16 +814,17 @@ void swiglu_sums(int64_t qtype, const uint8_t* gate, const uint8_t* up, int coun
 
 // Rows 0..m-1 of a SwiGLU unit's 16 columns: y = silu(gate) * up from the gate group's sums
 // and the up group's, each first rounded to y's dtype as the plain product stores it, then
-// silu_mul_span: the bits silu_mul computes from kquant_records_mm's output.
+// silu_mul_span's step: the bits silu_mul computes from kquant_records_mm's output. bf16: the
+// sums rounded in registers (round16 gives to_bf16's value for every sum that is not NaN)
+// instead of stored as bf16 and loaded back.
 inline void store_swiglu(const float* gate, const float* up, int64_t m, float* yf, c10::BFloat16* yb,
                          int64_t ldy) {
   for (int64_t r = 0; r < m; ++r) {
     const float *g = gate + COLS * r, *u = up + COLS * r;
     if (yb) {
-      alignas(32) c10::BFloat16 gb[COLS], ub[COLS];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(gb), to_bf16(_mm512_load_ps(g)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(ub), to_bf16(_mm512_load_ps(u)));
-      draftsman_simd::silu_mul_span(gb, ub, COLS, yb + r * ldy);
+      const __m512 gv = draftsman_simd::round16(_mm512_load_ps(g), yb);
+      const __m512 uv = draftsman_simd::round16(_mm512_load_ps(u), yb);
+      draftsman_simd::store16(yb + r * ldy, draftsman_simd::silu_mul16(gv, uv, yb));
     } else {
       draftsman_simd::silu_mul_span(g, u, COLS, yf + r * ldy);
     }

@@ -124,6 +124,16 @@ inline __m512 round16(__m512 v, const c10::BFloat16*) {  // round_bf16_avx2, 16 
   return _mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32(~0xffff)));
 }
 
+// silu(g) * up for 16 lanes of gate and up values already in the activation dtype (as
+// floats), rounded as silu_mul_span rounds them: the span's 16-lane step, for callers that
+// hold gate and up in registers (the records kernel's SwiGLU epilogue)
+template <typename T>
+inline __m512 silu_mul16(__m512 g, __m512 up, const T* y) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  const __m512 silu = round16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), y);
+  return round16(_mm512_mul_ps(silu, up), y);
+}
+
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline void store16(c10::BFloat16* p, __m512 v) {  // v holds bf16 values already
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
@@ -152,10 +162,7 @@ inline void silu_mul_span(const T* gate, const T* up, int64_t n, T* y) {
   int64_t i = 0;
 #if DRAFTSMAN_AVX512_OPS
   for (; i + 16 <= n; i += 16) {  // the 8-wide path's operations, 16 lanes at a time
-    const __m512 g = load16(gate + i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    const __m512 silu = round16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e)), y);
-    store16(y + i, round16(_mm512_mul_ps(silu, load16(up + i)), y));
+    store16(y + i, silu_mul16(load16(gate + i), load16(up + i), y));
   }
 #endif
 #if DRAFTSMAN_AVX2
