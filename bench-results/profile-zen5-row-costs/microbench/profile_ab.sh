@@ -1,5 +1,6 @@
 #!/bin/bash
-# usage: prof_ab.sh ROUNDS OUT   alternates /tmp/base (HEAD~) and the working tree on draftsman profile
+# usage: profile_ab.sh ROUNDS OUT: alternates a worktree of the base commit at /tmp/base and
+# the working tree on draftsman profile (0.5B q8, 1.5B q8, 1.5B q4), a latency line a run
 cd /work/main
 ROUNDS=$1; OUT=$2
 for i in $(seq 1 $ROUNDS); do
