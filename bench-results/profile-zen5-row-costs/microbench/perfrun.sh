@@ -1,6 +1,6 @@
 #!/bin/bash
 # usage: perfrun.sh OUT model dtype rows n
-rm -f /tmp/w/marker
+mkdir -p /tmp/w && rm -f /tmp/w/marker
 /work/main/.venv/bin/python "$(dirname "$0")/fwd.py" $2 $3 $4 $5 &
 pid=$!
 while [ ! -f /tmp/w/marker ]; do sleep 0.1; done
