@@ -431,15 +431,19 @@ void attend_wide(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
 #define DRAFTSMAN_AVX512 0
 #endif
 
-// the attention this build runs for a head size: the AVX-512 path where the CPU has it and
-// the head size is a multiple of 64, the 8-wide one elsewhere
+// Whether bf16 rows of head size d attend on AMX tiles here (attend_best's first choice).
+template <typename T>
+bool attends_on_amx(int64_t d) {
+  return std::is_same_v<T, c10::BFloat16> && d % 64 == 0 && draftsman_attention::amx_attention_available();
+}
+
+// the attention this build runs for a head size: AMX tiles (attends_on_amx), else the AVX-512
+// path where the CPU has it and the head size is a multiple of 64, the 8-wide one elsewhere
 template <typename T>
 void attend_best(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                  const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (q.size(3) % 64 == 0 && draftsman_attention::amx_attention_available()) {
-      return draftsman_attention::attend_amx(q, keys, values, bias, scale, out);
-    }
+    if (attends_on_amx<T>(q.size(3))) return draftsman_attention::attend_amx(q, keys, values, bias, scale, out);
   }
 #if DRAFTSMAN_AVX512
   if (q.size(3) % 64 == 0) return attend_wide<T>(q, keys, values, bias, scale, out);
@@ -548,8 +552,7 @@ at::Tensor rope_attention_impl(const at::Tensor& qkv, const at::Tensor& cos, con
   // that head's rows itself (its q heads, its key and value): one parallel region a layer
   // instead of two (a verify's 16 rows, 2 KV heads, 2 threads), the same bits. Only where
   // attend_best would take attend_wide (no AMX tiles for these rows).
-  const bool amx = std::is_same_v<T, c10::BFloat16> && d % 64 == 0 && draftsman_attention::amx_attention_available();
-  if (d % 64 == 0 && !amx && one_task_a_head(t, b * nkv)) {
+  if (d % 64 == 0 && !attends_on_amx<T>(d) && one_task_a_head(t, b * nkv)) {
     const int64_t group = nq / nkv;
     attend_wide<T>(q, keys, values, bias, static_cast<float>(scale), out, [&](int64_t bi, int64_t g) {
       for (int64_t ti = 0; ti < t; ++ti) rotate_row(bi * t + ti, g * group, (g + 1) * group, g, g + 1);

@@ -847,10 +847,7 @@ void quantize_then_work(const at::Tensor& x, int64_t rows, int64_t nb, bool by_b
                         const F& work) {
   const int threads = at::get_num_threads();
   if (threads < 2 || units < threads || rows < threads || rows * nb < FUSED_FROM_BLOCKS || at::in_parallel_region()) {
-    const int64_t grain = std::max<int64_t>(1, (QUANTIZE_GRAIN + nb - 1) / nb);
-    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      quantize_row_range(x, begin, end, rows, nb, by_block, xdata);
-    });
+    quantize_rows_into(x, rows, nb, by_block, xdata);
     at::parallel_for(0, units, 1, work);
     return;
   }

@@ -288,14 +288,20 @@ inline void quantize_row_range(const at::Tensor& x, int64_t r0, int64_t r1, int6
   }
 }
 
-// All `rows` rows so into `out`, which only grows, so that a caller may keep it across calls.
+// All `rows` rows so into `out` (rows * nb blocks), in a region of their own from
+// QUANTIZE_GRAIN blocks a thread.
+inline void quantize_rows_into(const at::Tensor& x, int64_t rows, int64_t nb, bool block_major, Q8Block* out) {
+  const int64_t grain = std::max<int64_t>(1, (QUANTIZE_GRAIN + nb - 1) / nb);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    quantize_row_range(x, begin, end, rows, nb, block_major, out);
+  });
+}
+
+// The same into `out`, which only grows, so that a caller may keep it across calls.
 inline void quantize_rows_into(const at::Tensor& x, int64_t rows, int64_t nb, bool block_major,
                                std::vector<Q8Block>& out) {
   if (static_cast<int64_t>(out.size()) < rows * nb) out.resize(static_cast<size_t>(rows * nb));
-  const int64_t grain = std::max<int64_t>(1, (QUANTIZE_GRAIN + nb - 1) / nb);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    quantize_row_range(x, begin, end, rows, nb, block_major, out.data());
-  });
+  quantize_rows_into(x, rows, nb, block_major, out.data());
 }
 
 // Every row of x, row-major, as nb blocks each.
