@@ -224,6 +224,34 @@ def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype, 
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("t", [16, 17])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_attention_rows_at_once_are_the_one_row_calls(dtype, t):
+    """A verify's rows in one call (16: each task rotating its own head's rows; 17: a rotation
+    pass first) give each row the bits of decoding it alone, one call a row."""
+    nq, nkv, d, start = 4, 2, 64, 5
+    config = ModelConfig.from_dict(dict(
+        model_type="llama", vocab_size=10, hidden_size=nq * d, intermediate_size=8,
+        num_hidden_layers=1, num_attention_heads=nq, num_key_value_heads=nkv,
+        max_position_embeddings=64, rope_theta=10000.0))
+    cos, sin = RotaryTable(config, 64, dtype).lookup(torch.arange(start, start + t)[None])
+    g = torch.Generator().manual_seed(4)
+    qkv = (torch.randn(1, t, (nq + 2 * nkv) * d, generator=g) * 2).to(dtype)
+    k_cache = torch.randn(1, nkv, start + t, d, generator=g).to(dtype)
+    v_cache = torch.randn(1, nkv, start + t, d, generator=g).to(dtype)
+    k_one, v_one = k_cache.clone(), v_cache.clone()
+    together = ops.rope_attention(qkv, cos, sin, k_cache, v_cache, start,
+                                  additive_mask(causal_mask(start, t, qkv.device)), d ** -0.5,
+                                  nq, nkv)
+    for i in range(t):
+        alone = ops.rope_attention(qkv[:, i:i + 1].contiguous(), cos[:, i:i + 1].contiguous(),
+                                   sin[:, i:i + 1].contiguous(), k_one, v_one, start + i,
+                                   additive_mask(causal_mask(start + i, 1, qkv.device)),
+                                   d ** -0.5, nq, nkv)
+        assert torch.equal(alone[0, 0], together[0, i]), i
+    assert torch.equal(k_one, k_cache) and torch.equal(v_one, v_cache)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_a_model_on_fused_ops_matches_the_pytorch_path(family):
     _, model = tiny_pair(family)
