@@ -6,13 +6,14 @@ from __future__ import annotations
 import pickle
 
 import pytest
+import test_quant
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 from test_quant import gguf_model, make_blocks, quantised
 from tiny import tiny_pair
 
 from draftsman.kernels.native import attention_amx, kquant_available, kquant_records, records_swiglu
-from draftsman.models import base
+from draftsman.models import base, fused_cpu_step
 from draftsman.models.fused_cpu_step import FusedCpuStep
 from draftsman.models.quant_linear import quantize_model
 from draftsman.models.weight_formats import int8_kernel
@@ -86,6 +87,62 @@ def test_a_draft_of_half_records_takes_direct_calls_with_the_same_bits(monkeypat
     fused = model.layers[0].mlp.gate_up_proj.swiglu_product(torch.float32)
     assert (fused is not None) == records_swiglu()
     assert_plan_matches_the_tree(model, monkeypatch)
+
+
+# A Q4_K_M-like file: Q4_K q and k beside a Q6_K v (a QKV product of two records parts),
+# Q4_K gate and up (one part: one SwiGLU call where the records have it), a Q6_K down.
+RECORDS_TYPES = {"q_proj": Q.Q4_K, "k_proj": Q.Q4_K, "v_proj": Q.Q6_K, "o_proj": Q.Q4_K,
+                 "gate_proj": Q.Q4_K, "up_proj": Q.Q4_K, "down_proj": Q.Q6_K,
+                 "lm_head": Q.Q6_K, "embed_tokens": Q.Q8_0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["q8", "q4"])
+def test_the_layers_in_one_call_give_the_python_loops_bits(kind, dtype, monkeypatch):
+    """A model whose every product is records calls (and a QKV bias, qwen2) runs its layers
+    in one decoder_layers call: q8's int8 rows, one call a product; q4's Q4_K and Q6_K
+    records, the QKV product in two parts. Every step's logits and the cache it leaves are
+    the Python loop's, bit for bit, whole and over layer ranges. A plan without the call's
+    operands (a product that is not records calls, or DRAFTSMAN_LAYERS_CALL=0) loops."""
+    records = int8_kernel() == "records" if kind == "q8" else kquant_records()
+    if not records:
+        pytest.skip(f"no {kind} records on this CPU: no direct calls")
+    monkeypatch.setattr(test_quant, "TYPES", RECORDS_TYPES)
+    config, state, blocks = gguf_model("qwen2")
+    model = quantised(config, state, blocks, kind, dtype)
+    qkv = model.layers[0].self_attn.qkv_proj
+    assert len(qkv.record_parts(dtype)) == (2 if kind == "q4" else 1)
+    calls = []
+    real = torch.ops.draftsman.decoder_layers
+    monkeypatch.setattr(fused_cpu_step, "torch", _CountingTorch(real, calls))
+    one_call, one_call_cache = steps(model, True, monkeypatch)
+    assert model._fused_cpu_step.flat is not None and calls
+    monkeypatch.setattr(fused_cpu_step, "flat_layers", lambda *_: None)
+    model._fused_cpu_step = None
+    count = len(calls)
+    loop, loop_cache = steps(model, True, monkeypatch)
+    assert model._fused_cpu_step.flat is None and len(calls) == count
+    for g, w in zip(one_call, loop, strict=True):
+        assert torch.equal(g, w)
+    assert torch.equal(one_call_cache, loop_cache)
+    with monkeypatch.context() as m:
+        m.setattr(fused_cpu_step, "layers_in_one_call", lambda: False)
+        assert fused_cpu_step.flat_layers(model.layers, dtype) is None
+
+
+class _CountingTorch:
+    """fused_cpu_step's `torch`, with torch.ops.draftsman.decoder_layers counted."""
+
+    def __init__(self, real, calls: list) -> None:
+        self._real, self._calls = real, calls
+        draftsman = type("Ops", (), {})()
+        for name in ("rms_norm", "add_rms_norm"):
+            setattr(draftsman, name, getattr(torch.ops.draftsman, name))
+        draftsman.decoder_layers = lambda *a: calls.append(a[5:7]) or real(*a)
+        self.ops = type("Namespace", (), {"draftsman": draftsman})()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
 
 
 def test_a_replaced_weight_rebuilds_the_plan_and_a_pickled_model_drops_it(monkeypatch):

@@ -30,7 +30,7 @@ from draftsman.store.home import draftsman_home
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("gguf_matmul.cpp", "gguf_matmul_records.cpp", "gguf_pack_records.cpp",
                  "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp",
-                 "attention_amx.cpp", "attention_bf16.cpp"))
+                 "attention_amx.cpp", "attention_bf16.cpp", "decoder_layers.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
                  "simd_math.h", "attention_amx.h", "attention_bf16.h", "bf16_key_pairs.h",
@@ -147,6 +147,8 @@ def _load() -> bool:
         lambda gu: gu.new_empty((gu.shape[0], gu.shape[1] // 2)))
     torch.library.register_fake("draftsman::short_attention")(_short_attention_fake)
     torch.library.register_fake("draftsman::rope_attention")(_rope_attention_fake)
+    torch.library.register_fake("draftsman::decoder_layers")(
+        lambda rows, *_: rows.new_empty(rows.shape))
     return True
 
 
@@ -223,6 +225,14 @@ def records_swiglu() -> bool:
     product, without the product stored and read again. The AVX-512 VNNI records only.
     DRAFTSMAN_SWIGLU_EPILOGUE=0 turns it off (silu_mul after the product, on the same CPU)."""
     return records_isa() == "avx512vnni" and os.environ.get("DRAFTSMAN_SWIGLU_EPILOGUE", "1") != "0"
+
+
+@cache
+def layers_in_one_call() -> bool:
+    """Whether a fused CPU step runs its decoder layers in one call
+    (`draftsman::decoder_layers`: the same ops in the same order, without a Python frame
+    per op). DRAFTSMAN_LAYERS_CALL=0 keeps the loop in Python (the same bits)."""
+    return kquant_available() and os.environ.get("DRAFTSMAN_LAYERS_CALL", "1") != "0"
 
 
 @cache

@@ -12,6 +12,12 @@ input shape work: on the 0.5B's one-row draft step (24 layers, ~20 ms) that book
 once and runs the same calls, in the same order on the same tensors, on the rows [B T, H]:
 the same bits as the modules (tests/test_fused_cpu_step.py), a fraction of the Python.
 
+Where every product is one records-kernel call (QuantLinear.direct_operands) and the cache is
+a plain KVCache, the whole loop runs in one call instead (`draftsman::decoder_layers`,
+kernels/decoder_layers.cpp: the same ops in the same order through the dispatcher, the same
+bits; DRAFTSMAN_LAYERS_CALL=0 keeps it in Python): on the 0.5B's one-row step the main
+thread had spent ~1 ms a forward in Python frames and dispatch while the other thread waited.
+
 Invariant: a plan holds the modules it was built from; `matches` says whether the model still
 has exactly those (a replaced Linear or norm makes the model build a new plan).
 """
@@ -25,9 +31,11 @@ from itertools import zip_longest
 import torch
 from torch import nn
 
+from draftsman.kernels.native import layers_in_one_call
 from draftsman.models.cache import KVCache
 
 Rows = Callable[[torch.Tensor], torch.Tensor]
+NO_BIAS = torch.empty(0)  # decoder_layers' "no bias"
 
 
 def rows_product(linear: nn.Module, dtype: torch.dtype) -> Rows:
@@ -65,6 +73,43 @@ class BlockOps:
     n_kv: int
 
 
+@dataclass(frozen=True)
+class FlatLayers:
+    """Every block's operands for `draftsman::decoder_layers`, flat, in the layout its file
+    states; `starts`: where each layer's tensors and ints begin."""
+
+    tensors: list[torch.Tensor]
+    ints: list[int]
+    floats: list[float]
+    starts: list[int]
+
+
+def flat_layers(blocks: nn.ModuleList, dtype: torch.dtype) -> FlatLayers | None:
+    """The blocks' operands for one decoder_layers call, or None where some product is not
+    records-kernel calls in `dtype` (then the loop stays in Python)."""
+    if not layers_in_one_call():
+        return None
+    flat = FlatLayers([], [], [], [])
+    for block in blocks:
+        a, m = block.self_attn, block.mlp
+        flat.starts.extend([len(flat.tensors), len(flat.ints)])
+        flat.tensors.extend([block.input_layernorm.weight, block.post_attention_layernorm.weight])
+        flat.ints.extend([a.n_heads, a.n_kv])
+        flat.floats.extend([block.input_layernorm.eps, block.post_attention_layernorm.eps])
+        for linear in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj):
+            parts = getattr(linear, "record_parts", lambda _: None)(dtype)
+            if parts is None:
+                return None
+            # as swiglu_product calls it: one SwiGLU call where the module has it
+            fused = linear is m.gate_up_proj and linear.swiglu_product(dtype) is not None
+            flat.ints.extend([int(fused), len(parts)])
+            for packed, qtype, n, tile_rows in parts:
+                flat.tensors.append(packed)
+                flat.ints.extend([qtype, n, tile_rows])
+            flat.tensors.append(NO_BIAS if linear.bias is None else linear.bias)
+    return flat
+
+
 class FusedCpuStep:
     """The blocks of a Llama-family model (llama.Block: input_layernorm, self_attn with a
     fused qkv_proj and no Q/K norm, post_attention_layernorm, SwiGLU mlp) as BlockOps."""
@@ -72,6 +117,8 @@ class FusedCpuStep:
     def __init__(self, blocks: nn.ModuleList, dtype: torch.dtype) -> None:
         self.sources = [self._parts(b) for b in blocks]
         self.blocks = [self._ops(b, dtype) for b in blocks]
+        self.dtype = dtype
+        self.flat = flat_layers(blocks, dtype)
 
     @staticmethod
     def _parts(block: nn.Module) -> tuple[object, ...]:
@@ -111,6 +158,14 @@ class FusedCpuStep:
         norm, add_norm = ops.rms_norm, ops.add_rms_norm
         if not layers:
             return x
+        if (self.flat is not None and layers.step == 1 and type(cache) is KVCache
+                and rows.dtype == self.dtype):
+            # write_rotated_and_attend's own call and scale, for every layer at once
+            flat = self.flat
+            out = ops.decoder_layers(rows, flat.tensors, flat.ints, flat.floats, flat.starts,
+                                     layers.start, layers.stop, cos, sin, cache.k, cache.v,
+                                     start, bias, cache.k.shape[-1] ** -0.5, b)
+            return out.view(b, t, hidden)
         first = self.blocks[layers[0]]
         normed = norm(rows, first.norm1, first.eps1)
         # each layer with the one after it (None past the last): a range's slice, no list

@@ -327,6 +327,16 @@ class QuantLinear(nn.Module):
         packed, qtype, n, tiles_from = operands
         return lambda x: op(x, packed, qtype, n, tiles_from)
 
+    def record_parts(self, dtype: torch.dtype) -> list[tuple[torch.Tensor, int, int, int]] | None:
+        """Each part's (packed, qtype, n, tile_rows) where forward(x) for x [M, K] in `dtype`
+        is those records calls writing their columns in turn (or rows_product's one call),
+        then the bias added in place; None where it is anything else."""
+        if self._record_operands(dtype) is not None:
+            return [self._record_operands(dtype)]
+        if dtype != self.dtype or not self._into:
+            return None
+        return [p.record_operands() for p in self.parts]
+
     def _record_operands(self, dtype: torch.dtype) -> tuple[torch.Tensor, int, int, int] | None:
         """The one records part's operands where x in `dtype` (the model's) goes straight in."""
         operands = getattr(self.parts[0], "record_operands", None)
