@@ -12,8 +12,8 @@ input shape work: on the 0.5B's one-row draft step (24 layers, ~20 ms) that book
 once and runs the same calls, in the same order on the same tensors, on the rows [B T, H]:
 the same bits as the modules (tests/test_fused_cpu_step.py), a fraction of the Python.
 
-Where every product is one records-kernel call (QuantLinear.direct_operands) and the cache is
-a plain KVCache, the whole loop runs in one call instead (`draftsman::decoder_layers`,
+Where every product is records-kernel calls (QuantLinear.record_parts) and the cache is a
+plain KVCache, the whole loop runs in one call instead (`draftsman::decoder_layers`,
 kernels/decoder_layers.cpp: the same ops in the same order through the dispatcher, the same
 bits; DRAFTSMAN_LAYERS_CALL=0 keeps it in Python): on the 0.5B's one-row step the main
 thread had spent ~1 ms a forward in Python frames and dispatch while the other thread waited.
