@@ -12,7 +12,13 @@ from gguf.constants import GGMLQuantizationType as Q
 from test_quant import gguf_model, make_blocks, quantised
 from tiny import tiny_pair
 
-from draftsman.kernels.native import attention_amx, kquant_available, kquant_records, records_swiglu
+from draftsman.kernels.native import (
+    attention_amx,
+    kquant_available,
+    kquant_records,
+    layers_in_one_call,
+    records_swiglu,
+)
 from draftsman.models import base, fused_cpu_step
 from draftsman.models.fused_cpu_step import FusedCpuStep
 from draftsman.models.quant_linear import quantize_model
@@ -105,8 +111,8 @@ def test_the_layers_in_one_call_give_the_python_loops_bits(kind, dtype, monkeypa
     the Python loop's, bit for bit, whole and over layer ranges. A plan without the call's
     operands (a product that is not records calls, or DRAFTSMAN_LAYERS_CALL=0) loops."""
     records = int8_kernel() == "records" if kind == "q8" else kquant_records()
-    if not records:
-        pytest.skip(f"no {kind} records on this CPU: no direct calls")
+    if not records or not layers_in_one_call():
+        pytest.skip(f"no {kind} records on this CPU, or DRAFTSMAN_LAYERS_CALL=0")
     monkeypatch.setattr(test_quant, "TYPES", RECORDS_TYPES)
     config, state, blocks = gguf_model("qwen2")
     model = quantised(config, state, blocks, kind, dtype)
@@ -114,7 +120,8 @@ def test_the_layers_in_one_call_give_the_python_loops_bits(kind, dtype, monkeypa
     assert len(qkv.record_parts(dtype)) == (2 if kind == "q4" else 1)
     calls = []
     real = torch.ops.draftsman.decoder_layers
-    monkeypatch.setattr(fused_cpu_step, "torch", _CountingTorch(real, calls))
+    monkeypatch.setattr(torch.ops.draftsman, "decoder_layers",
+                        lambda *a: calls.append(a[5:7]) or real(*a))
     one_call, one_call_cache = steps(model, True, monkeypatch)
     assert model._fused_cpu_step.flat is not None and calls
     monkeypatch.setattr(fused_cpu_step, "flat_layers", lambda *_: None)
@@ -128,21 +135,6 @@ def test_the_layers_in_one_call_give_the_python_loops_bits(kind, dtype, monkeypa
     with monkeypatch.context() as m:
         m.setattr(fused_cpu_step, "layers_in_one_call", lambda: False)
         assert fused_cpu_step.flat_layers(model.layers, dtype) is None
-
-
-class _CountingTorch:
-    """fused_cpu_step's `torch`, with torch.ops.draftsman.decoder_layers counted."""
-
-    def __init__(self, real, calls: list) -> None:
-        self._real, self._calls = real, calls
-        draftsman = type("Ops", (), {})()
-        for name in ("rms_norm", "add_rms_norm"):
-            setattr(draftsman, name, getattr(torch.ops.draftsman, name))
-        draftsman.decoder_layers = lambda *a: calls.append(a[5:7]) or real(*a)
-        self.ops = type("Namespace", (), {"draftsman": draftsman})()
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
 
 
 def test_a_replaced_weight_rebuilds_the_plan_and_a_pickled_model_drops_it(monkeypatch):
