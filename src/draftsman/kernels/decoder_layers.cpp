@@ -26,7 +26,6 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
-#include <vector>
 
 #include "check_message.h"
 
