@@ -195,21 +195,32 @@ def test_short_attention_groups_query_heads_onto_their_kv_head():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("d", "t"), [(16, 3), (128, 10), (64, 16), (64, 17)])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype, d, t):
-    """Up to 16 rows (AVX-512, d a multiple of 64) each attention task rotates and writes its
-    own KV head's rows; 17 take a rotation pass first: the same bits either way."""
-    nq, nkv, start = 4, 2, 5
+ROPE_NQ, ROPE_NKV, ROPE_START = 4, 2, 5  # query heads, KV heads, cached tokens
+
+
+def rope_case(dtype, d: int, t: int, seed: int, spare: int):
+    """cos, sin of positions ROPE_START.. for t rows of head size d, the rows' qkv and
+    k / v caches of ROPE_START + t + spare random slots."""
+    nq, nkv, start = ROPE_NQ, ROPE_NKV, ROPE_START
     config = ModelConfig.from_dict(dict(
         model_type="llama", vocab_size=10, hidden_size=nq * d, intermediate_size=8,
         num_hidden_layers=1, num_attention_heads=nq, num_key_value_heads=nkv,
         max_position_embeddings=64, rope_theta=10000.0))
     cos, sin = RotaryTable(config, 64, dtype).lookup(torch.arange(start, start + t)[None])
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(seed)
     qkv = (torch.randn(1, t, (nq + 2 * nkv) * d, generator=g) * 2).to(dtype)
-    k_cache = torch.randn(1, nkv, start + t + 4, d, generator=g).to(dtype)
-    v_cache = torch.randn(1, nkv, start + t + 4, d, generator=g).to(dtype)
+    k_cache = torch.randn(1, nkv, start + t + spare, d, generator=g).to(dtype)
+    v_cache = torch.randn(1, nkv, start + t + spare, d, generator=g).to(dtype)
+    return cos, sin, qkv, k_cache, v_cache
+
+
+@pytest.mark.parametrize(("d", "t"), [(16, 3), (128, 10), (64, 16), (64, 17)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype, d, t):
+    """Up to 16 rows (AVX-512, d a multiple of 64) each attention task rotates and writes its
+    own KV head's rows; 17 take a rotation pass first: the same bits either way."""
+    nq, nkv, start = ROPE_NQ, ROPE_NKV, ROPE_START
+    cos, sin, qkv, k_cache, v_cache = rope_case(dtype, d, t, seed=3, spare=4)
     want_k, want_v = k_cache.clone(), v_cache.clone()
     bias = additive_mask(causal_mask(start, t, qkv.device))
     got = ops.rope_attention(qkv, cos, sin, k_cache, v_cache, start, bias, d ** -0.5, nq, nkv)
@@ -229,16 +240,8 @@ def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype, 
 def test_rope_attention_rows_at_once_are_the_one_row_calls(dtype, t):
     """A verify's rows in one call (16: each task rotating its own head's rows; 17: a rotation
     pass first) give each row the bits of decoding it alone, one call a row."""
-    nq, nkv, d, start = 4, 2, 64, 5
-    config = ModelConfig.from_dict(dict(
-        model_type="llama", vocab_size=10, hidden_size=nq * d, intermediate_size=8,
-        num_hidden_layers=1, num_attention_heads=nq, num_key_value_heads=nkv,
-        max_position_embeddings=64, rope_theta=10000.0))
-    cos, sin = RotaryTable(config, 64, dtype).lookup(torch.arange(start, start + t)[None])
-    g = torch.Generator().manual_seed(4)
-    qkv = (torch.randn(1, t, (nq + 2 * nkv) * d, generator=g) * 2).to(dtype)
-    k_cache = torch.randn(1, nkv, start + t, d, generator=g).to(dtype)
-    v_cache = torch.randn(1, nkv, start + t, d, generator=g).to(dtype)
+    nq, nkv, d, start = ROPE_NQ, ROPE_NKV, 64, ROPE_START
+    cos, sin, qkv, k_cache, v_cache = rope_case(dtype, d, t, seed=4, spare=0)
     k_one, v_one = k_cache.clone(), v_cache.clone()
     together = ops.rope_attention(qkv, cos, sin, k_cache, v_cache, start,
                                   additive_mask(causal_mask(start, t, qkv.device)), d ** -0.5,

@@ -6,21 +6,12 @@ import time
 from pathlib import Path
 
 import torch
-
-from draftsman.models.loader import load_model
-from draftsman.store.resolve import resolve_gguf, resolve_model
-
-CONTEXT = 256
+from fwd_rows import CONTEXT, loaded  # this folder: the script's own on sys.path
 
 
 def main() -> None:
     name, dtype, rows, forwards = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    torch.set_num_threads(2)
-    model = load_model(resolve_model(name, pull=False), dtype,
-                       gguf=resolve_gguf(name, pull=False))
-    cache = model.new_cache(CONTEXT + 32)
-    model(torch.randint(0, 1000, (1, CONTEXT)), torch.arange(CONTEXT)[None], cache,
-          logits_at=slice(-1, None))
+    model, cache = loaded(name, dtype)
     ids = torch.zeros(1, rows, dtype=torch.long)
     pos = torch.arange(CONTEXT, CONTEXT + rows)[None]
     for _ in range(5):

@@ -14,15 +14,21 @@ from draftsman.store.resolve import resolve_gguf, resolve_model
 CONTEXT = 256
 
 
-def main() -> None:
-    name, dtype = sys.argv[1], sys.argv[2]
-    row_counts, repeats = [int(r) for r in sys.argv[3].split(",")], int(sys.argv[4])
+def loaded(name: str, dtype: str):
+    """The model on 2 threads and a cache holding CONTEXT prompt tokens (fwd.py's too)."""
     torch.set_num_threads(2)
     model = load_model(resolve_model(name, pull=False), dtype,
                        gguf=resolve_gguf(name, pull=False))
     cache = model.new_cache(CONTEXT + 32)
     model(torch.randint(0, 1000, (1, CONTEXT)), torch.arange(CONTEXT)[None], cache,
           logits_at=slice(-1, None))
+    return model, cache
+
+
+def main() -> None:
+    name, dtype = sys.argv[1], sys.argv[2]
+    row_counts, repeats = [int(r) for r in sys.argv[3].split(",")], int(sys.argv[4])
+    model, cache = loaded(name, dtype)
     cells = []
     for rows in row_counts:
         ids = torch.zeros(1, rows, dtype=torch.long)

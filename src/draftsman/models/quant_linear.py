@@ -247,8 +247,9 @@ class QuantLinear(nn.Module):
         """Each part's (packed, qtype, n, tile_rows) where forward(x) for x [M, K] in `dtype`
         is those records calls writing their columns in turn (or rows_product's one call),
         then the bias added in place; None where it is anything else."""
-        if self._record_operands(dtype) is not None:
-            return [self._record_operands(dtype)]
+        one = self._record_operands(dtype)
+        if one is not None:
+            return [one]
         if dtype != self.dtype or not self._into:
             return None
         return [p.record_operands() for p in self.parts]
