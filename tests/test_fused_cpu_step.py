@@ -137,6 +137,32 @@ def test_the_layers_in_one_call_give_the_python_loops_bits(kind, dtype, monkeypa
         assert fused_cpu_step.flat_layers(model.layers, dtype) is None
 
 
+@pytest.mark.parametrize("rows", [5, 9, 16])
+@pytest.mark.parametrize("kind", ["q8", "q4"])
+def test_the_layers_in_one_call_give_each_row_its_own_bits(kind, rows, monkeypatch):
+    """Batch invariance of the one-call step: `rows` new tokens verified in one forward get
+    the logits and cache each gets decoded alone, one forward a token (few-row, paired and
+    one-pass record paths on both sides)."""
+    records = int8_kernel() == "records" if kind == "q8" else kquant_records()
+    if not records or not layers_in_one_call():
+        pytest.skip(f"no {kind} records on this CPU, or DRAFTSMAN_LAYERS_CALL=0")
+    monkeypatch.setattr(test_quant, "TYPES", RECORDS_TYPES)
+    config, state, blocks = gguf_model("qwen2")
+    model = quantised(config, state, blocks, kind, torch.bfloat16)
+    prompt = torch.arange(3, 23)[None] % config.vocab_size
+    new = torch.arange(40, 40 + rows)[None] % config.vocab_size
+    caches = []
+    for _ in range(2):
+        caches.append(model.new_cache(64))
+        model(prompt, torch.arange(20)[None], caches[-1])
+    together = model(new, torch.arange(20, 20 + rows)[None], caches[0], start=20).logits
+    assert model._fused_cpu_step.flat is not None
+    for i in range(rows):
+        alone = model(new[:, i:i + 1], torch.tensor([[20 + i]]), caches[1], start=20 + i).logits
+        assert torch.equal(alone[0, 0], together[0, i]), i
+    assert torch.equal(caches[0].k[..., :20 + rows, :], caches[1].k[..., :20 + rows, :])
+
+
 def test_a_replaced_weight_rebuilds_the_plan_and_a_pickled_model_drops_it(monkeypatch):
     _, model = tiny_pair("llama")
     _, other = tiny_pair("llama", seed=1)
