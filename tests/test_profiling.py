@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from draftsman import profiling
+from draftsman.kernels.native import kquant_available
 
 
 @pytest.fixture
@@ -126,3 +128,30 @@ def test_profiles_go_where_draftsman_profiles_says_else_under_the_home(monkeypat
     monkeypatch.delenv("DRAFTSMAN_PROFILES")
     monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
     assert profile_path("qwen", "bf16", 1) == tmp_path / "home" / "profiles" / "qwen-bf16-t1.json"
+
+
+@pytest.mark.skipif(not kquant_available(), reason="the native kernels do not load here")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_memory_probe_reads_every_word_of_its_buffer(threads):
+    """stream_read's wrapping sum of 64-bit words is torch's, every word counted once over the
+    threads' shares (a length no share count divides), and a flipped bit changes it."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        buf = torch.randint(0, 256, ((1 << 20) + 24,), dtype=torch.uint8,
+                            generator=torch.Generator().manual_seed(3))
+        read = torch.ops.draftsman.stream_read
+        assert read(buf).item() == buf.view(torch.int64).sum().item()
+        before = read(buf).item()
+        buf[-1] ^= 1  # in the last word, past every share's whole 8 words
+        assert read(buf).item() != before
+        with pytest.raises(RuntimeError, match="whole 8-byte words"):
+            read(buf[:13])
+        assert profiling.memory_stream_gbs(mib=4, repeats=1) > 0
+    finally:
+        torch.set_num_threads(was)
+
+
+def test_the_memory_probe_is_none_without_the_kernels(monkeypatch):
+    monkeypatch.setattr(profiling, "kquant_available", lambda: False)
+    assert profiling.memory_stream_gbs(mib=1) is None

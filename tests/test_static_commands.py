@@ -8,6 +8,7 @@ from pathlib import Path
 
 from test_bench import config, dataset, models, quiet  # noqa: F401 (fixtures)
 
+from draftsman import profiling
 from draftsman.bench.results import ResultsFile
 from draftsman.bench.runner import run_bench
 from draftsman.cli.bench_cmd import config_from_args
@@ -60,10 +61,15 @@ def test_profile_static_is_a_profile_of_its_own(tmp_path, models, monkeypatch,  
 def test_profile_json_records_where_and_how_it_was_timed(tmp_path, models, monkeypatch,  # noqa: F811
                                                          capsys) -> None:
     monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(profiling, "STREAM_PROBE_MIB", 4)
     assert main(["profile", "--target", str(models[0]), "--dtype", "fp32", "--device", "cpu",
                  "--lengths", "1,2", "--context", "8", "--repeats", "1", "--threads", "1",
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    # the host's memory stream before and after the curve, in the output and the profile
+    stream = out["stream_gbs"]
+    assert stream is None or (len(stream) == 2 and min(stream) > 0)
+    assert json.loads(Path(out["profile"]).read_text())["stream_gbs"] == stream
     assert set(out["latency"]) == {"1", "2"}
     assert out["settings"] == {"model": str(models[0]), "backend": "torch", "lengths": [1, 2],
                                "context": 8, "repeats": 1}

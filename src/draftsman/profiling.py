@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from draftsman.kernels.native import build_key
+from draftsman.kernels.native import build_key, kquant_available
 from draftsman.models.draft_vocab import VocabSubsetHead
 from draftsman.store.home import draftsman_home, locked
 
@@ -165,6 +165,28 @@ def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: 
         for n in inputs:
             times[n].append(forward(n))
     return {n: statistics.median(t) for n, t in times.items()}
+
+
+# MiB the memory probe reads: 8x the largest last-level cache seen here (32 MiB)
+STREAM_PROBE_MIB = 256
+
+
+def memory_stream_gbs(mib: int | None = None, repeats: int = 4) -> float | None:
+    """GB/s at which this machine streams memory now, on the threads torch uses: the best of
+    `repeats` reads of a buffer of `mib` MiB (STREAM_PROBE_MIB; kernels/stream_probe.cpp),
+    apart from any model. A one-row CPU forward streams its weights at about this speed, so
+    a shared host whose stream changes state between runs moves L(1), and with it every
+    v(n) = L(n) / L(1): `draftsman profile` records it beside the curve. None where the
+    native kernels do not load."""
+    if not kquant_available():
+        return None
+    buf = torch.ones((mib or STREAM_PROBE_MIB) << 20, dtype=torch.uint8)  # touched: no faults
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.ops.draftsman.stream_read(buf)
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() / best / 1e9
 
 
 def interpolate(latency: dict[int, float], n: int) -> float:

@@ -21,7 +21,13 @@ from draftsman.engine import DEFAULT_TARGET, load_bundle
 from draftsman.errors import InvalidArgumentError
 from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.models.weight_formats import DTYPE_CHOICES
-from draftsman.profiling import measure_latency, model_kind, profile_path, save_profile
+from draftsman.profiling import (
+    measure_latency,
+    memory_stream_gbs,
+    model_kind,
+    profile_path,
+    save_profile,
+)
 from draftsman.trees.sparse import predicted_speedups
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -66,18 +72,24 @@ def run(args: argparse.Namespace) -> int:
     lengths = parse_lengths(args.lengths)
     bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics, args.device,
                          static=static_option(args))
+    on_cpu = getattr(bundle.model, "device", torch.device("cpu")).type == "cpu"
+    before = memory_stream_gbs() if on_cpu else None
     latency = measure_latency(bundle.model, lengths, args.context, args.repeats)
+    after = memory_stream_gbs() if on_cpu else None
+    # the host's memory stream before and after the curve (GB/s): where it moved, L(1) did
+    stream = [round(before, 1), round(after, 1)] if before and after else None
     threads = torch.get_num_threads()
     kind = model_kind(bundle.model, args.dtype)
     path = profile_path(bundle.name, kind, threads)
     save_profile(path, latency, {"model": bundle.name, "dtype": kind, "threads": threads,
-                                 "context": args.context, "repeats": args.repeats})
+                                 "context": args.context, "repeats": args.repeats,
+                                 "stream_gbs": stream})
     speed = _predicted(args.prompt_tokens, latency)
     if args.json:
         # where and how it was timed, as a bench row records it: a results folder of these
         # files names its machine and commit without a note written by hand
         print(json.dumps({"profile": str(path), "latency": latency, "predicted": speed,
-                          "command": command_line(),
+                          "stream_gbs": stream, "command": command_line(),
                           "settings": {"model": bundle.name, "backend": args.backend,
                                        "lengths": lengths, "context": args.context,
                                        "repeats": args.repeats},
@@ -87,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'n':>4} {'ms':>9} {'x L(1)':>7}")
     for n in lengths:
         print(f"{n:>4} {latency[n] * 1e3:>9.1f} {latency[n] / base:>7.2f}")
+    if stream:
+        print(f"memory stream {stream[0]:.0f} GB/s before the curve, {stream[1]:.0f} after "
+              f"({threads} threads): a one-row step streams its weights near this speed")
     if speed:
         print(f"\n{'rows':>4} {'tau':>6} {'speedup':>8}")
         for n, (tau, s) in speed.items():
