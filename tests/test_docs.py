@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from draftsman.bench.docs_kinds import curves_table
 from draftsman.bench.docs_tables import (
     MARKER,
     DocsTableError,
@@ -116,6 +117,18 @@ KINDS = {
     "gpu": ("gpu-h200", "table=gpu files=first-run|after-fixes",
             _scale_row("after-fixes/bench-random/results.jsonl", "seconds")),
 }
+
+
+def test_curves_give_the_memory_stream_where_a_profile_records_it(tmp_path: Path) -> None:
+    for name, stream in (("a.json", [82.8, 71.0]), ("b.json", None)):
+        data = {"latency": {"1": 0.01, "16": 0.02}, "command": "draftsman profile",
+                "env": {"cpu": "cpu", "git_commit": "abc"}}
+        (tmp_path / name).write_text(json.dumps({**data, "stream_gbs": stream}))
+    table = curves_table(tmp_path, ["a.json", "b.json"])
+    assert table.headers[-1] == "stream GB/s"
+    assert [row[-1] for row in table.rows] == ["83 / 71", "—"]
+    (tmp_path / "a.json").write_text(json.dumps({"latency": {"1": 0.01}}))
+    assert "stream GB/s" not in curves_table(tmp_path, ["a.json"]).headers
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -58,18 +58,28 @@ def _curve_table(title: str, first: str, curves: dict[str, dict[int, float]]) ->
 
 
 def curves_table(folder: Path, files: list[str]) -> Table:
-    """ms per forward over k new rows, one line per profile file (its path, less .json)."""
+    """ms per forward over k new rows, one line per profile file (its path, less .json); where
+    a file records the host's memory stream (`stream_gbs`, before / after the curve), a last
+    column gives it, since L(1) and so every ratio moves with it."""
     curves: dict[str, dict[int, float]] = {}
+    streams: list[list[float] | None] = []
     for name in files:
         path = folder / name
         if not path.is_file():
             raise DocsTableError(f"{folder.name}: no file {name}")
-        latency: dict[str, Any] = json.loads(path.read_text()).get("latency") or {}
+        data: dict[str, Any] = json.loads(path.read_text())
+        latency: dict[str, Any] = data.get("latency") or {}
         if not latency:
             raise DocsTableError(f"{folder.name}/{name}: no latency curve")
         curves[name.removesuffix(".json")] = {int(k): 1000 * float(v)
                                               for k, v in latency.items()}
-    return _curve_table("Forward cost", "profile", curves)
+        streams.append(data.get("stream_gbs"))
+    table = _curve_table("Forward cost", "profile", curves)
+    if any(streams):
+        table.headers.append("stream GB/s")
+        for row, stream in zip(table.rows, streams, strict=True):
+            row.append(" / ".join(f"{g:.0f}" for g in stream) if stream else "—")
+    return table
 
 
 def kernels_table(rows: list[Row]) -> Table:
