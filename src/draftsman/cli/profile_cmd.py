@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "profile", help="measure forward latency vs input length (hardware-aware trees)",
         description="Time one target forward over n new tokens after a fixed context, for "
-                    "each n, and save the curve for parallel-prompt's tree-size choice.")
+                    "each n, and save the curve for parallel-prompt's tree-size choice. On the "
+                    "CPU it also reads the host's memory stream (GB/s) before and after the "
+                    "curve: a one-row step streams its weights, so its time moves with it.")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
     p.add_argument("--threads", type=int, default=None,
