@@ -248,3 +248,16 @@ def test_every_page_is_in_the_site_and_links_resolve() -> None:
             if target.startswith(("http://", "https://", "mailto:")):
                 continue
             assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+
+
+def test_curves_give_a_recorded_floor_against_the_measured_one_row(tmp_path: Path) -> None:
+    data = {"latency": {"1": 0.010, "16": 0.030}, "floor": {"1": 0.008, "16": 0.020},
+            "stream_gbs": [80.0, 78.0]}
+    (tmp_path / "q4.json").write_text(json.dumps(data))
+    (tmp_path / "bf16.json").write_text(json.dumps({"latency": {"1": 0.02, "16": 0.03}}))
+    table = curves_table(tmp_path, ["q4.json", "bf16.json"])
+    assert [row[0] for row in table.rows] == ["q4", "q4 floor", "bf16"]
+    assert table.rows[0][1:] == ["10.0 (1.00)", "30.0 (3.00)", "80 / 78"]
+    # the floor's ratios are to the measured L(1), 10 ms, not to its own 8
+    assert table.rows[1][1:] == ["8.0 (0.80)", "20.0 (2.00)", "—"]
+    assert table.rows[2][1:] == ["20.0 (1.00)", "30.0 (1.50)", "—"]

@@ -69,7 +69,12 @@ def test_profile_json_records_where_and_how_it_was_timed(tmp_path, models, monke
     # the host's memory stream before and after the curve, in the output and the profile
     stream = out["stream_gbs"]
     assert stream is None or (len(stream) == 2 and min(stream) > 0)
-    assert json.loads(Path(out["profile"]).read_text())["stream_gbs"] == stream
+    saved = json.loads(Path(out["profile"]).read_text())
+    assert saved["stream_gbs"] == stream
+    # and its dot products; no floor for float weights (records_floor: records products only)
+    dots = out["dots_g"]
+    assert dots is None or (len(dots) == 2 and min(dots) > 0)
+    assert saved["dots_g"] == dots and out["floor"] is None and saved["floor"] is None
     assert set(out["latency"]) == {"1", "2"}
     assert out["settings"] == {"model": str(models[0]), "backend": "torch", "lengths": [1, 2],
                                "context": 8, "repeats": 1}

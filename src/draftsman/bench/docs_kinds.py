@@ -60,7 +60,9 @@ def _curve_table(title: str, first: str, curves: dict[str, dict[int, float]]) ->
 def curves_table(folder: Path, files: list[str]) -> Table:
     """ms per forward over k new rows, one line per profile file (its path, less .json); where
     a file records the host's memory stream (`stream_gbs`, before / after the curve), a last
-    column gives it, since L(1) and so every ratio moves with it."""
+    column gives it, since L(1) and so every ratio moves with it. Where it records a floor
+    (records_floor.py), a line "NAME floor" follows, its ratios against the measured L(1):
+    the least v(k) those kernels could reach on that host then."""
     curves: dict[str, dict[int, float]] = {}
     streams: list[list[float] | None] = []
     for name in files:
@@ -71,10 +73,18 @@ def curves_table(folder: Path, files: list[str]) -> Table:
         latency: dict[str, Any] = data.get("latency") or {}
         if not latency:
             raise DocsTableError(f"{folder.name}/{name}: no latency curve")
-        curves[name.removesuffix(".json")] = {int(k): 1000 * float(v)
-                                              for k, v in latency.items()}
+        label = name.removesuffix(".json")
+        curves[label] = {int(k): 1000 * float(v) for k, v in latency.items()}
         streams.append(data.get("stream_gbs"))
+        if data.get("floor"):
+            curves[f"{label} floor"] = {int(k): 1000 * float(v) for k, v in data["floor"].items()}
+            streams.append(None)
     table = _curve_table("Forward cost", "profile", curves)
+    for row, (label, curve) in zip(table.rows, curves.items(), strict=True):
+        measured = curves.get(label.removesuffix(" floor"), {})
+        if label.endswith(" floor") and 1 in measured:  # ratios against the measured L(1)
+            row[1:] = [_cell(curve[k], measured[1]) if k in curve else "—"
+                       for k in sorted({k for c in curves.values() for k in c})]
     if any(streams):
         table.headers.append("stream GB/s")
         for row, stream in zip(table.rows, streams, strict=True):

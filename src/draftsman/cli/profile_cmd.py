@@ -28,6 +28,7 @@ from draftsman.profiling import (
     profile_path,
     save_profile,
 )
+from draftsman.records_floor import dot_rate, floor_curve
 from draftsman.trees.sparse import predicted_speedups
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -42,8 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "profile", help="measure forward latency vs input length (hardware-aware trees)",
         description="Time one target forward over n new tokens after a fixed context, for "
                     "each n, and save the curve for parallel-prompt's tree-size choice. On the "
-                    "CPU it also reads the host's memory stream (GB/s) before and after the "
-                    "curve: a one-row step streams its weights, so its time moves with it.")
+                    "CPU it also reads the host's memory stream (GB/s) and its rate of integer "
+                    "dot products (vpdpbusd) before and after the curve: a one-row step "
+                    "streams its weights, so its time moves with the stream, and where every "
+                    "product runs on the records' AVX-512 VNNI vectors it prints the floor, the "
+                    "least time those products need at n rows at the faster readings, and "
+                    "floor(n) / L(1), the least v(n) these kernels could reach here now.")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
     p.add_argument("--threads", type=int, default=None,
@@ -75,41 +80,65 @@ def run(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics, args.device,
                          static=static_option(args))
     on_cpu = getattr(bundle.model, "device", torch.device("cpu")).type == "cpu"
-    before = memory_stream_gbs() if on_cpu else None
+    before = _host_rates() if on_cpu else (None, None)
     latency = measure_latency(bundle.model, lengths, args.context, args.repeats)
-    after = memory_stream_gbs() if on_cpu else None
-    # the host's memory stream before and after the curve (GB/s): where it moved, L(1) did
-    stream = [round(before, 1), round(after, 1)] if before and after else None
+    after = _host_rates() if on_cpu else (None, None)
+    # the host's memory stream (GB/s) and dot products (G vpdpbusd/s) before and after the
+    # curve: where they moved, L(n) did
+    stream = _pair(before[0], after[0])
+    dots = _pair(before[1], after[1])
+    floor = floor_curve(bundle.model, lengths, max(stream) if stream else None,
+                        max(dots) * 1e9 if dots else None)
     threads = torch.get_num_threads()
     kind = model_kind(bundle.model, args.dtype)
     path = profile_path(bundle.name, kind, threads)
     save_profile(path, latency, {"model": bundle.name, "dtype": kind, "threads": threads,
                                  "context": args.context, "repeats": args.repeats,
-                                 "stream_gbs": stream})
+                                 "stream_gbs": stream, "dots_g": dots, "floor": floor})
     speed = _predicted(args.prompt_tokens, latency)
     if args.json:
         # where and how it was timed, as a bench row records it: a results folder of these
         # files names its machine and commit without a note written by hand
         print(json.dumps({"profile": str(path), "latency": latency, "predicted": speed,
-                          "stream_gbs": stream, "command": command_line(),
+                          "stream_gbs": stream, "dots_g": dots, "floor": floor,
+                          "command": command_line(),
                           "settings": {"model": bundle.name, "backend": args.backend,
                                        "lengths": lengths, "context": args.context,
                                        "repeats": args.repeats},
                           "env": environment(kind, args.numerics)}))
         return 0
     base = latency[lengths[0]]
-    print(f"{'n':>4} {'ms':>9} {'x L(1)':>7}")
+    floor_head = f" {'floor ms':>9} {'x L(1)':>7}" if floor else ""
+    print(f"{'n':>4} {'ms':>9} {'x L(1)':>7}{floor_head}")
     for n in lengths:
-        print(f"{n:>4} {latency[n] * 1e3:>9.1f} {latency[n] / base:>7.2f}")
+        cells = f" {floor[n] * 1e3:>9.1f} {floor[n] / base:>7.2f}" if floor else ""
+        print(f"{n:>4} {latency[n] * 1e3:>9.1f} {latency[n] / base:>7.2f}{cells}")
     if stream:
         print(f"memory stream {stream[0]:.0f} GB/s before the curve, {stream[1]:.0f} after "
               f"({threads} threads): a one-row step streams its weights near this speed")
+    if dots:
+        print(f"dot products {dots[0]:.1f} G vpdpbusd/s before, {dots[1]:.1f} after")
+    if floor:
+        print("floor: the records products alone, each at the slower of its weight stream and "
+              "its pipe operations (records_floor.py); no kernel here can verify n rows for "
+              "less than floor(n) / L(1) of the one-row step measured")
     if speed:
         print(f"\n{'rows':>4} {'tau':>6} {'speedup':>8}")
         for n, (tau, s) in speed.items():
             print(f"{n:>4} {tau:>6.2f} {s:>8.2f}")
     print(f"saved {path}", file=sys.stderr)
     return 0
+
+
+def _host_rates() -> tuple[float | None, float | None]:
+    """(memory stream GB/s, G vpdpbusd a second) on torch's threads now; None for each the
+    kernels cannot read here."""
+    dots = dot_rate()
+    return memory_stream_gbs(), dots / 1e9 if dots else None
+
+
+def _pair(before: float | None, after: float | None) -> list[float] | None:
+    return [round(before, 1), round(after, 1)] if before and after else None
 
 
 def _predicted(folder: str | None, latency: dict[int, float]) -> dict[int, tuple[float, float]]:

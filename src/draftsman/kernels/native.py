@@ -31,7 +31,7 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("gguf_matmul.cpp", "gguf_matmul_records.cpp", "gguf_pack_records.cpp",
                  "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp",
                  "attention_amx.cpp", "attention_bf16.cpp", "decoder_layers.cpp",
-                 "stream_probe.cpp"))
+                 "stream_probe.cpp", "dot_probe.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
                  "simd_math.h", "attention_amx.h", "attention_bf16.h", "bf16_key_pairs.h",
