@@ -120,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"dot products {dots[0]:.1f} G vpdpbusd/s before, {dots[1]:.1f} after")
     if floor:
         print("floor: the records products alone, each at the slower of its weight stream and "
-              "its pipe operations (records_floor.py); no kernel here can verify n rows for "
-              "less than floor(n) / L(1) of the one-row step measured")
+              "its pipe operations at the faster readings (records_floor.py): these kernels "
+              "cannot run n rows in less, so v(n) stays at or above floor(n) / L(1) while one "
+              "row takes L(1)")
     if speed:
         print(f"\n{'rows':>4} {'tau':>6} {'speedup':>8}")
         for n, (tau, s) in speed.items():
