@@ -218,6 +218,30 @@ def test_record_rows_are_the_same_alone_in_any_batch_and_thread_count(qtype, til
 
 
 @records
+@pytest.mark.parametrize("tiles", PATHS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_two_threads_quantise_every_block_of_a_fresh_batch(qtype, tiles):
+    """On 2 threads a call of 8 or 16 rows, 5 blocks each, has each thread quantise a share of
+    every row's blocks inside the product's region: after a call on other activations (whose
+    blocks the reused buffer still holds), every row is what it is alone."""
+    rows = random_blocks(qtype, 128, 1280, seed=16)
+    packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(qtype))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for m in (8, 16):
+            first, x = torch.randn(m, 1280), torch.randn(m, 1280)
+            torch.ops.draftsman.kquant_records_mm(first, packed, int(qtype), 128, tiles)
+            got = torch.ops.draftsman.kquant_records_mm(x, packed, int(qtype), 128, tiles)
+            for i in range(m):
+                alone = torch.ops.draftsman.kquant_records_mm(x[i:i + 1].contiguous(), packed,
+                                                              int(qtype), 128, tiles)
+                assert torch.equal(got[i], alone[0]), (m, i)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@records
 @pytest.mark.parametrize("qtype", TYPES)
 def test_records_of_a_large_matrix_sit_on_huge_page_boundaries_and_compute_the_same(qtype):
     """Records of 2 MiB and more are allocated 2 MiB aligned (Linux may back them with huge

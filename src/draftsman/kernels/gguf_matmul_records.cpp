@@ -835,11 +835,15 @@ inline void store_swiglu(const float* gate, const float* up, int64_t m, float* y
 // x's `rows` rows quantised into xdata (quantize_row_range), then work(begin, end) over
 // [0, units) split as at::parallel_for splits it. A call whose rows hold FUSED_FROM_BLOCKS
 // blocks or more does both in one parallel region: each thread quantises a share of the
-// rows, and after a barrier works its units. Quantised on the calling thread alone (or in a
-// region of its own, quantize_rows_into), a 16-row verify's activations kept the other
-// thread waiting, and then reached it from the calling core's cache (the 0.5B q8: 56 blocks
-// a call, ~4.6 us quantising and ~3.4 us of the other thread's first reads, 97 calls a
-// forward). A row's blocks are the same whoever quantises it.
+// blocks of every row (of the rows where a row has fewer blocks than there are threads), and
+// after a barrier works its units. Quantised on the calling thread alone (or in a region of
+// its own, quantize_rows_into), a 16-row verify's activations kept the other thread waiting,
+// and then reached it from the calling core's cache (the 0.5B q8: 56 blocks a call, ~4.6 us
+// quantising and ~3.4 us of the other thread's first reads, 97 calls a forward). Shares of
+// blocks rather than rows: a down projection's input is the gate/up call's output, whose
+// columns each thread wrote in halves, so each thread now reads what it wrote (the 1.5B q4,
+// 8 rows: ~0.6 ms a forward, bench-results/profile-zen5-floor). A block is the same whoever
+// quantises it.
 constexpr int64_t FUSED_FROM_BLOCKS = 32;
 
 template <typename F>
@@ -854,8 +858,13 @@ void quantize_then_work(const at::Tensor& x, int64_t rows, int64_t nb, bool by_b
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-    const int64_t row_share = (rows + n - 1) / n, r0 = std::min(rows, t * row_share);
-    quantize_row_range(x, r0, std::min(rows, r0 + row_share), rows, nb, by_block, xdata);
+    if (nb >= n) {
+      const int64_t share = (nb + n - 1) / n, b0 = std::min(nb, t * share);
+      quantize_block_range(x, b0, std::min(nb, b0 + share), rows, nb, by_block, xdata);
+    } else {
+      const int64_t share = (rows + n - 1) / n, r0 = std::min(rows, t * share);
+      quantize_row_range(x, r0, std::min(rows, r0 + share), rows, nb, by_block, xdata);
+    }
 #pragma omp barrier
     const int64_t unit_share = (units + n - 1) / n, u0 = t * unit_share;
     if (u0 < units) work(u0, std::min(units, u0 + unit_share));

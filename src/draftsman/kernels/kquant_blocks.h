@@ -205,15 +205,21 @@ inline void quantize_block(const T* xb, Q8Block& o) {
 
 // A row of k floats or bf16 as nb blocks, block b at out[b * step], zero-padded past k (the
 // last block through a zeroed copy): the blocks of the row padded to nb * 256 first.
+// Blocks b0..b1-1 of it only (out still at block 0).
 template <typename T>
-inline void quantize_row(const T* x, int64_t k, int64_t nb, Q8Block* out, int64_t step) {
-  const int64_t whole = std::min(nb, k / QK);
-  for (int64_t b = 0; b < whole; ++b) quantize_block(x + b * QK, out[b * step]);
-  for (int64_t b = whole; b < nb; ++b) {
+inline void quantize_row_blocks(const T* x, int64_t k, int64_t b0, int64_t b1, Q8Block* out, int64_t step) {
+  const int64_t whole = std::min(b1, k / QK);
+  for (int64_t b = b0; b < whole; ++b) quantize_block(x + b * QK, out[b * step]);
+  for (int64_t b = std::max(b0, whole); b < b1; ++b) {
     T tail[QK] = {};
     for (int64_t i = b * QK; i < std::min(k, (b + 1) * QK); ++i) tail[i - b * QK] = x[i];
     quantize_block(tail, out[b * step]);
   }
+}
+
+template <typename T>
+inline void quantize_row(const T* x, int64_t k, int64_t nb, Q8Block* out, int64_t step) {
+  quantize_row_blocks(x, k, 0, nb, out, step);
 }
 
 // The 6-bit (scale, min) pair of Q4_K sub-block j.
@@ -284,6 +290,26 @@ inline void quantize_row_range(const at::Tensor& x, int64_t r0, int64_t r1, int6
       }
     } else {
       for (int64_t b = 0; b < nb; ++b) blocks[b * step] = Q8Block{};
+    }
+  }
+}
+
+// Blocks b0..b1-1 of every one of the `rows` rows, laid out as quantize_row_range lays them.
+inline void quantize_block_range(const at::Tensor& x, int64_t b0, int64_t b1, int64_t rows, int64_t nb,
+                                 bool block_major, Q8Block* out) {
+  const int64_t m = x.size(0), k = x.size(1);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const int64_t first = block_major ? 1 : nb, step = block_major ? rows : 1;
+  for (int64_t r = 0; r < rows; ++r) {
+    Q8Block* blocks = out + r * first;
+    if (r < m) {
+      if (bf16) {
+        quantize_row_blocks(x.data_ptr<c10::BFloat16>() + r * k, k, b0, b1, blocks, step);
+      } else {
+        quantize_row_blocks(x.data_ptr<float>() + r * k, k, b0, b1, blocks, step);
+      }
+    } else {
+      for (int64_t b = b0; b < b1; ++b) blocks[b * step] = Q8Block{};
     }
   }
 }
