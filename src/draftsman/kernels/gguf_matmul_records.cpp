@@ -832,7 +832,7 @@ inline void store_swiglu(const float* gate, const float* up, int64_t m, float* y
 }
 #endif
 
-// x's `rows` rows quantised into xdata (quantize_row_range), then work(begin, end) over
+// x's `rows` rows quantised into xdata (quantize_part), then work(begin, end) over
 // [0, units) split as at::parallel_for splits it. A call whose rows hold FUSED_FROM_BLOCKS
 // blocks or more does both in one parallel region: each thread quantises a share of the
 // blocks of every row (of the rows where a row has fewer blocks than there are threads), and
@@ -860,7 +860,7 @@ void quantize_then_work(const at::Tensor& x, int64_t rows, int64_t nb, bool by_b
     const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
     if (nb >= n) {
       const int64_t share = (nb + n - 1) / n, b0 = std::min(nb, t * share);
-      quantize_block_range(x, b0, std::min(nb, b0 + share), rows, nb, by_block, xdata);
+      quantize_part(x, 0, rows, b0, std::min(nb, b0 + share), rows, nb, by_block, xdata);
     } else {
       const int64_t share = (rows + n - 1) / n, r0 = std::min(rows, t * share);
       quantize_row_range(x, r0, std::min(rows, r0 + share), rows, nb, by_block, xdata);

@@ -203,9 +203,8 @@ inline void quantize_block(const T* xb, Q8Block& o) {
 #endif
 }
 
-// A row of k floats or bf16 as nb blocks, block b at out[b * step], zero-padded past k (the
-// last block through a zeroed copy): the blocks of the row padded to nb * 256 first.
-// Blocks b0..b1-1 of it only (out still at block 0).
+// Blocks b0..b1-1 of a row of k floats or bf16, block b at out[b * step], zero-padded past k
+// (the last block through a zeroed copy): those blocks of the row padded to 256-multiples.
 template <typename T>
 inline void quantize_row_blocks(const T* x, int64_t k, int64_t b0, int64_t b1, Q8Block* out, int64_t step) {
   const int64_t whole = std::min(b1, k / QK);
@@ -217,6 +216,7 @@ inline void quantize_row_blocks(const T* x, int64_t k, int64_t b0, int64_t b1, Q
   }
 }
 
+// The whole row as nb blocks.
 template <typename T>
 inline void quantize_row(const T* x, int64_t k, int64_t nb, Q8Block* out, int64_t step) {
   quantize_row_blocks(x, k, 0, nb, out, step);
@@ -268,39 +268,20 @@ inline void q6k_values(const uint8_t* blk, uint8_t* q) {
 // blocks (gguf_matmul_records.cpp: quantize_then_work), where no region is started for it.
 constexpr int64_t QUANTIZE_GRAIN = 128;
 
-// Rows r0..r1-1 of x [M, K] (float32 or bfloat16) as nb Q8Blocks each into `out`, which holds
-// `rows` rows of them, row-major (row r's block b at r * nb + b) or block-major (at
-// b * rows + r); rows from M on are zero blocks (d = 0, q = 0, sums 0). A row narrower than
-// the nb * 256 the weights were padded to (K not a multiple of 256, as a 0.5B's 896) is
-// quantised as if padded with zeros: the same blocks as padding it first. Each row is
-// quantised on its own: its blocks never depend on the other rows, nor on who quantises it.
-inline void quantize_row_range(const at::Tensor& x, int64_t r0, int64_t r1, int64_t rows, int64_t nb,
-                               bool block_major, Q8Block* out) {
+// Rows r0..r1-1 of x [M, K] (float32 or bfloat16), blocks b0..b1-1 of each, as Q8Blocks into
+// `out`, which holds `rows` rows of nb blocks, row-major (row r's block b at r * nb + b) or
+// block-major (at b * rows + r); rows from M on are zero blocks (d = 0, q = 0, sums 0). A row
+// narrower than the nb * 256 the weights were padded to (K not a multiple of 256, as a
+// 0.5B's 896) is quantised as if padded with zeros: the same blocks as padding it first.
+// Each block is quantised on its own: it never depends on the other rows or blocks, nor on
+// who quantises it.
+inline void quantize_part(const at::Tensor& x, int64_t r0, int64_t r1, int64_t b0, int64_t b1, int64_t rows,
+                          int64_t nb, bool block_major, Q8Block* out) {
   const int64_t m = x.size(0), k = x.size(1);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   // row r's blocks written in place, one after another or `rows` apart
   const int64_t first = block_major ? 1 : nb, step = block_major ? rows : 1;
   for (int64_t r = r0; r < r1; ++r) {
-    Q8Block* blocks = out + r * first;
-    if (r < m) {
-      if (bf16) {
-        quantize_row(x.data_ptr<c10::BFloat16>() + r * k, k, nb, blocks, step);
-      } else {
-        quantize_row(x.data_ptr<float>() + r * k, k, nb, blocks, step);
-      }
-    } else {
-      for (int64_t b = 0; b < nb; ++b) blocks[b * step] = Q8Block{};
-    }
-  }
-}
-
-// Blocks b0..b1-1 of every one of the `rows` rows, laid out as quantize_row_range lays them.
-inline void quantize_block_range(const at::Tensor& x, int64_t b0, int64_t b1, int64_t rows, int64_t nb,
-                                 bool block_major, Q8Block* out) {
-  const int64_t m = x.size(0), k = x.size(1);
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  const int64_t first = block_major ? 1 : nb, step = block_major ? rows : 1;
-  for (int64_t r = 0; r < rows; ++r) {
     Q8Block* blocks = out + r * first;
     if (r < m) {
       if (bf16) {
@@ -312,6 +293,12 @@ inline void quantize_block_range(const at::Tensor& x, int64_t b0, int64_t b1, in
       for (int64_t b = b0; b < b1; ++b) blocks[b * step] = Q8Block{};
     }
   }
+}
+
+// Every block of rows r0..r1-1.
+inline void quantize_row_range(const at::Tensor& x, int64_t r0, int64_t r1, int64_t rows, int64_t nb,
+                               bool block_major, Q8Block* out) {
+  quantize_part(x, r0, r1, 0, nb, rows, nb, block_major, out);
 }
 
 // All `rows` rows so into `out` (rows * nb blocks), in a region of their own from
