@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny import tiny_pair
 
-from draftsman import records_floor
+from draftsman import profiling, records_floor
 from draftsman.kernels.block_types import I8_ROW, GGMLType
 from draftsman.kernels.native import kquant_available, records_isa
 from draftsman.models.quant_linear import QuantLinear, q8_records, quantize_model
@@ -30,9 +30,9 @@ def test_the_dot_probe_runs_every_product_it_counts(threads):
         if count:  # an AVX-512 VNNI build
             assert count == threads * 1000 * 16
             assert lanes == threads * 16 * 16 * 4 * 1000
-            assert records_floor.dot_rate(rounds=1000, repeats=1) > 0
+            assert profiling.dot_rate(rounds=1000, repeats=1) > 0
         else:
-            assert lanes == 0 and records_floor.dot_rate(rounds=1000, repeats=1) is None
+            assert lanes == 0 and profiling.dot_rate(rounds=1000, repeats=1) is None
         with pytest.raises(RuntimeError, match="rounds must be >= 1"):
             torch.ops.draftsman.dot_products(0)
     finally:

@@ -189,6 +189,25 @@ def memory_stream_gbs(mib: int | None = None, repeats: int = 4) -> float | None:
     return buf.numel() / best / 1e9
 
 
+DOT_PROBE_ROUNDS = 2_000_000  # ~4 ms a thread at ~8.7 G vpdpbusd a second
+
+
+def dot_rate(rounds: int = DOT_PROBE_ROUNDS, repeats: int = 3) -> float | None:
+    """`vpdpbusd` (zmm) a second on the threads torch uses, the best of `repeats` runs of
+    independent chains (kernels/dot_probe.cpp): the pipes every records product runs on, read
+    beside the stream for records_floor's floor. None where the kernels do not load or the
+    build has no AVX-512 VNNI."""
+    if not kquant_available():
+        return None
+    best = float("inf")
+    done = 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        done = int(torch.ops.draftsman.dot_products(rounds)[0])
+        best = min(best, time.perf_counter() - t0)
+    return done / best if done else None
+
+
 def interpolate(latency: dict[int, float], n: int) -> float:
     """Piecewise-linear L_fp(n) between measured lengths (clamped at the ends)."""
     xs = sorted(latency)

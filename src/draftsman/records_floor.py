@@ -10,7 +10,7 @@ its weights stream from memory, nor faster than its instructions issue on the tw
 
 with record_rows_i = (out / 16) * (in / 256), a record-row being 16 columns x 256 k x one
 row: 64 `vpdpbusd` plus its share of the folds. The stream and the dot rate are measured on
-this host now (kernels/stream_probe.cpp, kernels/dot_probe.cpp): a shared host moves both. The
+this host now (profiling.memory_stream_gbs and profiling.dot_rate): a shared host moves both. The
 floor leaves out the step's other work (norms, attention, the calls' forks), so every
 measured L(n) lies above it, and a measured v(n) can fall below floor(n) / L(1) only where
 L(1) does.
@@ -18,14 +18,12 @@ L(1) does.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from draftsman.kernels.block_types import I8_ROW, GGMLType
-from draftsman.kernels.native import kquant_amx, kquant_available, records_isa
+from draftsman.kernels.native import kquant_amx, records_isa
 from draftsman.models.quant_linear import QuantLinear
 
 # Operations on vpdpbusd's two pipes per record-row on the AVX-512 VNNI records
@@ -37,9 +35,6 @@ from draftsman.models.quant_linear import QuantLinear
 #   int8 rows: 64, 1 multiply, 1 FMA (q8_records.h, i8_many_rows).
 PIPE_OPS = {GGMLType.Q4_K: 80, GGMLType.Q6_K: 82, GGMLType.Q8_0: 73, I8_ROW: 66}
 
-DOT_PROBE_ROUNDS = 2_000_000  # ~4 ms a thread at ~8.7 G vpdpbusd a second
-
-
 @dataclass(frozen=True)
 class RecordsWork:
     """One records matrix of a forward: its block type, bytes and record-rows per row."""
@@ -47,21 +42,6 @@ class RecordsWork:
     qtype: int
     bytes: int
     record_rows: float
-
-
-def dot_rate(rounds: int = DOT_PROBE_ROUNDS, repeats: int = 3) -> float | None:
-    """`vpdpbusd` (zmm) a second on the threads torch uses, the best of `repeats` runs of
-    independent chains (kernels/dot_probe.cpp); None where the kernels do not load or the
-    build has no AVX-512 VNNI."""
-    if not kquant_available():
-        return None
-    best = float("inf")
-    done = 0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        done = int(torch.ops.draftsman.dot_products(rounds)[0])
-        best = min(best, time.perf_counter() - t0)
-    return done / best if done else None
 
 
 def records_work(model: nn.Module) -> list[RecordsWork] | None:

@@ -50,10 +50,14 @@ def _cell(ms: float, one: float | None) -> str:
     return f"{ms:.1f} ({ms / one:.2f})" if one else f"{ms:.1f}"
 
 
-def _curve_table(title: str, first: str, curves: dict[str, dict[int, float]]) -> Table:
+def _curve_table(title: str, first: str, curves: dict[str, dict[int, float]],
+                 bases: dict[str, float] | None = None) -> Table:
+    """A line a curve, each cell "ms (ratio)" against its curve's k=1, or its entry in `bases`."""
     lengths = sorted({k for curve in curves.values() for k in curve})
-    lines = [[name, *(_cell(curve[k], curve.get(1)) if k in curve else "—" for k in lengths)]
-             for name, curve in curves.items()]
+    lines = []
+    for name, curve in curves.items():
+        one = (bases or {}).get(name, curve.get(1))
+        lines.append([name, *(_cell(curve[k], one) if k in curve else "—" for k in lengths)])
     return Table(title, [first, *(f"k={k}" for k in lengths)], lines)
 
 
@@ -64,6 +68,7 @@ def curves_table(folder: Path, files: list[str]) -> Table:
     (records_floor.py), a line "NAME floor" follows, its ratios against the measured L(1):
     the least v(k) those kernels could reach on that host then."""
     curves: dict[str, dict[int, float]] = {}
+    bases: dict[str, float] = {}
     streams: list[list[float] | None] = []
     for name in files:
         path = folder / name
@@ -78,13 +83,10 @@ def curves_table(folder: Path, files: list[str]) -> Table:
         streams.append(data.get("stream_gbs"))
         if data.get("floor"):
             curves[f"{label} floor"] = {int(k): 1000 * float(v) for k, v in data["floor"].items()}
+            if 1 in curves[label]:  # its ratios against the measured L(1)
+                bases[f"{label} floor"] = curves[label][1]
             streams.append(None)
-    table = _curve_table("Forward cost", "profile", curves)
-    for row, (label, curve) in zip(table.rows, curves.items(), strict=True):
-        measured = curves.get(label.removesuffix(" floor"), {})
-        if label.endswith(" floor") and 1 in measured:  # ratios against the measured L(1)
-            row[1:] = [_cell(curve[k], measured[1]) if k in curve else "—"
-                       for k in sorted({k for c in curves.values() for k in c})]
+    table = _curve_table("Forward cost", "profile", curves, bases)
     if any(streams):
         table.headers.append("stream GB/s")
         for row, stream in zip(table.rows, streams, strict=True):

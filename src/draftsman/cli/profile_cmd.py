@@ -22,13 +22,14 @@ from draftsman.errors import InvalidArgumentError
 from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.profiling import (
+    dot_rate,
     measure_latency,
     memory_stream_gbs,
     model_kind,
     profile_path,
     save_profile,
 )
-from draftsman.records_floor import dot_rate, floor_curve
+from draftsman.records_floor import floor_curve
 from draftsman.trees.sparse import predicted_speedups
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)

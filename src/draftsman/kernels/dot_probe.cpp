@@ -1,6 +1,6 @@
 // How many integer dot products this machine's cores run a second now: `dot_products(rounds)`
 // has each of torch's threads run `rounds` steps of 16 independent `vpdpbusd` chains on zmm
-// registers (AVX-512 VNNI), nothing else. Timed from Python (records_floor.dot_rate), it gives
+// registers (AVX-512 VNNI), nothing else. Timed from Python (profiling.dot_rate), it gives
 // the capacity of the two pipes every records product runs on (vpdpbusd, and the float
 // multiply-adds of the folds beside them): with the memory stream (stream_probe.cpp) it bounds
 // how fast a forward's records can run at n rows.
