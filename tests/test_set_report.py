@@ -85,7 +85,11 @@ def test_cpu_preset_times_every_workload(capsys: pytest.CaptureFixture[str]) -> 
     assert parse_peers(cfg.peers) == [("llama.cpp", "plain"), ("llama.cpp", "lookup"),
                                       ("llama.cpp", "speculative")]
     methods = parse_methods(cfg.methods)
-    assert len(methods) == 11  # autoregressive + three on llama.cpp + seven on torch q4 / q8
+    assert len(methods) == 12  # autoregressive + three on llama.cpp + eight on torch q4 / q8
+    # issue 30's torch q4 contestants: plain, suffix, the 0.5B draft, staged and a tree
+    q4 = {m.method for m in methods if m.engine == "torch-q4"}
+    assert {"autoregressive", "speculative", "staged"} <= q4
+    assert any(m.engine == "torch-q4" and m.get("branches") == "auto" for m in methods)
     assert {m.engine for m in methods} == {"", "torch-q4", "torch-q8"}
     units = sum(max(len(p.turns), 1) for d in cfg.datasets
                 for p in load_dataset(d, limit=cfg.limit))

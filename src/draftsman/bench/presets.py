@@ -78,12 +78,13 @@ PRESETS: dict[str, Preset] = {
         "llama.cpp backend, fast numerics, greedy, 128 new tokens, all turns: the "
         "configuration users get (default), prompt lookup and the 0.5B draft under the cost "
         "model, the torch backend on q4 (our K-quant kernels: plain, prompt lookup, suffix, "
-        "the 0.5B draft, whole and with its head narrowed to 32,768 tokens, and the staged "
+        "suffix branches verified as one tree, the 0.5B draft, whole and with its head "
+        "narrowed to 32,768 tokens, and the staged "
         "cascade suffix -> narrowed 0.5B whose long matches bypass the draft) and q8 (prompt "
         "lookup) in the same run, against llama.cpp's own plain, lookup and speculative "
         "(0.5B) decoding, on the copy-heavy sets (code-edit, rag-qa, grammar, "
         "news-summarization, MT-Bench turn 2) and free generation (HumanEval, MT-Bench turn "
-        "1); first 2 prompts each: 14 prompt turns x 14 contestants, about 40 minutes on a "
+        "1); first 2 prompts each: 14 prompt turns x 15 contestants, about 40 minutes on a "
         "2-core CPU. Its records drive `--backend auto`",
         methods=(
             "default",
@@ -92,6 +93,7 @@ PRESETS: dict[str, Preset] = {
             "autoregressive:engine=torch-q4",
             "speculative:draft=prompt-lookup,gamma=auto,engine=torch-q4|torch-q8",
             "speculative:draft=suffix,gamma=auto,engine=torch-q4",
+            "speculative:draft=suffix,gamma=auto,branches=auto,engine=torch-q4",
             "speculative:gamma=auto,engine=torch-q4",
             "speculative:gamma=auto,draft_vocab=32768,engine=torch-q4",
             "staged:subdraft=suffix,gamma=auto,draft_vocab=32768,bypass=1,engine=torch-q4",
