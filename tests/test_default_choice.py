@@ -222,6 +222,39 @@ def test_generate_defaults_on_a_tiny_model(target, capsys):
     assert engine.generate("the cat", chat=False, max_new_tokens=3).method == "autoregressive"
 
 
+def test_generate_takes_the_spec_verbose_prints(target, capsys):
+    # what `--verbose` and the bench write (method:key=value,...) is a --method too, and runs
+    # as the same options given as flags
+    def run(*argv: str) -> dict:
+        rc = main(["generate", "--target", str(target), "--no-chat", "--max-new-tokens", "6",
+                   "--dtype", "fp32", "--json", *argv, "the cat sat on"])
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        return json.loads(out)
+
+    spec = run("--method", "speculative:draft=ngram,gamma=2")
+    flags = run("--method", "speculative", "--draft", "ngram", "--gamma", "2")
+    assert spec["method"] == flags["method"] == "speculative"
+    assert spec["options"] == flags["options"] == {"draft": "ngram", "gamma": "2"}
+    assert spec["token_ids"] == flags["token_ids"]
+    both = run("--method", "speculative:draft=ngram", "--gamma", "2")
+    assert both["options"] == {"draft": "ngram", "gamma": "2"}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--method", "speculative:draft=ngram", "--draft", "suffix"],
+     "--method sets draft=ngram and a flag sets draft=suffix"),
+    (["--method", "speculative:gamma=2,engine=torch-q4"], "--backend torch --dtype q4"),
+    (["--method", ":gamma=2"], "name a method before the ':'"),
+    (["--method", "speculative:gamma=zero"], "gamma"),
+])
+def test_a_bad_method_spec_is_one_line_before_loading(argv, needle, capsys):
+    # the target does not exist: loading it would fail with another error
+    rc = main(["generate", "--target", "/nonexistent/model", *argv, "hello"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and needle in err, err
+
+
 def test_a_measured_default_is_what_generate_runs(target, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTSMAN_HOME", str(tmp_path))
     engine = draftsman.load(str(target), dtype="fp32")

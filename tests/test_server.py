@@ -761,6 +761,8 @@ def test_serve_arguments_and_default_method():
     assert serve_cmd.default_method(args) == ("default", {"gamma": "auto"})
     args = parser.parse_args(["serve", "--method", "autoregressive"])
     assert serve_cmd.default_method(args) == ("autoregressive", {})
+    args = parser.parse_args(["serve", "--method", "speculative:draft=ngram", "--gamma", "2"])
+    assert serve_cmd.default_method(args) == ("speculative", {"draft": "ngram", "gamma": "2"})
     assert args.max_step_cost is None and args.max_step_rows is None  # unbounded unless asked
     with pytest.raises(InvalidArgumentError, match="--max-step-rows must be at least"):
         serve_cmd._check_limits(parser.parse_args(["serve", "--parallel", "4",

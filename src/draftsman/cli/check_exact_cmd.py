@@ -19,7 +19,7 @@ from draftsman.cli.common import add_device_arg, csv_items
 from draftsman.cli.generate_cmd import (
     add_method_args,
     add_numerics_arg,
-    method_options,
+    method_and_options,
     print_method_options,
 )
 from draftsman.engine import DEFAULT_TARGET
@@ -92,7 +92,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidArgumentError(f"--alpha must be in (0, 1), got {args.alpha}")
     if args.temperature <= 0:
         raise InvalidArgumentError("check-exact tests sampling: --temperature must be > 0")
-    if args.method in ("autoregressive", "default"):
+    if method_and_options(args)[0] in ("autoregressive", "default"):
         raise InvalidArgumentError(f"--method {args.method}: name the method to check, "
                                    "e.g. speculative or staged")
     SamplingConfig(args.temperature, args.top_k, args.top_p)
@@ -103,16 +103,16 @@ def run(args: argparse.Namespace) -> int:
     from draftsman.testing import check_exact, target_joint
 
     if args.help_options:
-        print_method_options(args.method)
+        print_method_options(method_and_options(args)[0])
         return 0
     check_args(args)
-    options = method_options(args)
-    registry.method_options(args.method, options)
+    name, options = method_and_options(args)
+    registry.method_options(name, options)
     text = sys.stdin.read() if args.prompt == "-" else (args.prompt or DEFAULT_PROMPT)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
                             backend=args.backend, numerics=args.numerics, device=args.device,
-                            methods=[(args.method, options)])
-    strategy = engine.strategy(args.method, options)
+                            methods=[(name, options)])
+    strategy = engine.strategy(name, options)
     if strategy.exactness != "exact":
         raise InvalidArgumentError(
             f"--method {args.method} with these options is {strategy.exactness} under "
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     passed = result.passed(args.alpha)
     if args.json:
         print(json.dumps({
-            "target": engine.target.name, "method": args.method, "options": options,
+            "target": engine.target.name, "method": name, "options": options,
             "numbers": numbers(args), "prompt_tokens": len(prompt), "window": args.window,
             "draws": args.draws, "alpha": args.alpha, "outcomes": len(expected),
             "p_joint": result.p_joint, "p_positions": result.p_positions,
@@ -147,10 +147,10 @@ def numbers(args: argparse.Namespace) -> str:
 
 def report(args: argparse.Namespace, target: str, prompt_tokens: int, outcomes: int,
            result, passed: bool) -> str:
-    options = ", ".join(f"{k}={v}" for k, v in method_options(args).items())
+    name, options = method_and_options(args)
+    given = ", ".join(f"{k}={v}" for k, v in options.items())
     lines = [
-        f"target {target} ({numbers(args)}), method {args.method}"
-        + (f" ({options})" if options else ""),
+        f"target {target} ({numbers(args)}), method {name}" + (f" ({given})" if given else ""),
         f"sampling: temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}; "
         f"prompt {prompt_tokens} tokens; {outcomes} possible outcomes over {args.window} "
         "tokens",

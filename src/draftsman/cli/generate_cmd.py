@@ -28,7 +28,12 @@ from draftsman.models.static_step import StaticConfig
 from draftsman.models.weight_formats import DTYPE_CHOICES, INT8_KERNEL_NAMES, int8_kernel
 from draftsman.sampling import SamplingConfig
 from draftsman.strategies import registry
-from draftsman.strategies.default_method import DEFAULT, DEFAULT_METHOD, TORCH_DEFAULT_METHOD
+from draftsman.strategies.default_method import (
+    DEFAULT,
+    DEFAULT_METHOD,
+    TORCH_DEFAULT_METHOD,
+    split_spec,
+)
 from draftsman.strategies.options import help_lines
 from draftsman.strategies.registry import METHODS
 
@@ -94,11 +99,13 @@ def add_numerics_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default=DEFAULT,
-                        help=" | ".join([DEFAULT, *METHODS]) + " (default: default, the "
+                        help=" | ".join([DEFAULT, *METHODS]) + ", alone or with its options "
+                             "as `--verbose` and `draftsman bench` write them "
+                             "(speculative:draft=suffix,gamma=auto). Default: default, the "
                              "fastest exact configuration `draftsman bench` measured on this "
                              "machine for the target and backend, else "
                              f"{DEFAULT_METHOD} on llama.cpp and {TORCH_DEFAULT_METHOD} on "
-                             "torch; --help-options lists a method's options)")
+                             "torch; --help-options lists a method's options")
     parser.add_argument("--draft", default=None,
                         help="draft model (name/path), or ngram / prompt-lookup / suffix "
                              "(speculative); middle model (staged)")
@@ -137,7 +144,28 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
 
 
-def method_options(args: argparse.Namespace) -> dict:
+def method_and_options(args: argparse.Namespace) -> tuple[str | None, dict]:
+    """(method name, options) from --method, a name or a spec `name:key=value,...`, and the
+    option flags; a key given both ways must agree. `args.method` None stays None (serve's
+    "no --method")."""
+    if args.method is None:
+        return None, flag_options(args)
+    name, options = split_spec(args.method)
+    if not name:
+        raise InvalidArgumentError(f"--method {args.method!r}: name a method before the ':'")
+    if "engine" in options:
+        raise InvalidArgumentError(
+            f"--method {args.method!r}: engine= is a bench option; choose the engine with "
+            "--backend and --dtype (engine=torch-q4: --backend torch --dtype q4)")
+    for key, value in flag_options(args).items():
+        if options.setdefault(key, value) != value:
+            raise InvalidArgumentError(f"--method sets {key}={options[key]} and a flag sets "
+                                       f"{key}={value}: give it once")
+    return name, options
+
+
+def flag_options(args: argparse.Namespace) -> dict:
+    """The method options given as flags (--draft, --gamma, --option KEY=VALUE, ...)."""
     options: dict = {}
     if args.draft is not None:
         options["draft"] = args.draft
@@ -206,8 +234,9 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    name, options = method_and_options(args)
     if args.help_options:
-        print_method_options(args.method)
+        print_method_options(name)
         return 0
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt or not prompt.strip():
@@ -215,13 +244,12 @@ def run(args: argparse.Namespace) -> int:
     # fail before loading any model
     SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     GenerationConfig(args.max_new_tokens)
-    options = method_options(args)
-    if args.method != DEFAULT:
-        registry.method_options(args.method, options)
+    if name != DEFAULT:
+        registry.method_options(name, options)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
                             backend=args.backend, numerics=args.numerics, device=args.device,
-                            static=static_option(args), methods=[(args.method, options)])
-    method, options, why = engine.resolve_method(args.method, options)
+                            static=static_option(args), methods=[(name, options)])
+    method, options, why = engine.resolve_method(name, options)
     if args.verbose:
         report_choices(engine, why)
     kwargs = dict(method=method, max_new_tokens=args.max_new_tokens,

@@ -26,7 +26,7 @@ from draftsman.cli.generate_cmd import (
     add_method_args,
     add_model_args,
     add_verbose_arg,
-    method_options,
+    method_and_options,
     print_method_options,
     report_choices,
     static_option,
@@ -165,7 +165,8 @@ def served_name(target: str) -> str:
 def default_method(args: argparse.Namespace) -> tuple[str, dict]:
     """(method, options) a request gets when it names no method: `default` (resolved by the
     engine, as for `generate`) unless --method names one."""
-    return args.method or DEFAULT, method_options(args)
+    name, options = method_and_options(args)
+    return name or DEFAULT, options
 
 
 def resident_drafts(args: argparse.Namespace, catalogue_draft: str | None) -> list[str]:
@@ -221,7 +222,7 @@ def build_app(args: argparse.Namespace, engine_thread: EngineThread | None = Non
 
 def run(args: argparse.Namespace) -> int:
     if args.help_options:
-        print_method_options(args.method or "speculative")
+        print_method_options(method_and_options(args)[0] or "speculative")
         return 0
     import uvicorn
 
