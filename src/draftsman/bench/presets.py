@@ -84,7 +84,7 @@ PRESETS: dict[str, Preset] = {
         "lookup) in the same run, against llama.cpp's own plain, lookup and speculative "
         "(0.5B) decoding, on the copy-heavy sets (code-edit, rag-qa, grammar, "
         "news-summarization, MT-Bench turn 2) and free generation (HumanEval, MT-Bench turn "
-        "1); first 2 prompts each: 14 prompt turns x 15 contestants, about 40 minutes on a "
+        "1); first 2 prompts each: 14 prompt turns x 15 contestants, 16-55 minutes on a "
         "2-core CPU. Its records drive `--backend auto`",
         methods=(
             "default",
