@@ -148,3 +148,60 @@ def test_matmul_attention_matches_sdpa_and_each_row_alone(dtype, t):
         n = start + i + 1
         alone = matmul_attention(q[:, :, i : i + 1], keys[:, :, :n], values[:, :, :n], None)
         torch.testing.assert_close(got[:, i : i + 1], alone, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [40, 100])  # the shared short mask's rows, a long prefill's
+def test_a_prompts_prefill_skips_masked_key_blocks_with_the_masks_bits(dtype, t, monkeypatch):
+    """A whole prompt from slot 0 goes to SDPA as `is_causal` (masked key blocks skipped), with
+    exactly the logits and cache the explicit mask gives; a later chunk keeps its mask."""
+    from draftsman.models import base
+
+    _, ours = tiny_pair("qwen2")
+    ours = ours.to(dtype)
+    ids = torch.randint(0, 97, (1, t + 20), generator=torch.Generator().manual_seed(3))
+    causal: list[bool] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        causal.append(kwargs.get("is_causal", False))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(base.F, "scaled_dot_product_attention", spy)
+
+    def prefill_then_chunk() -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+        causal.clear()
+        cache = ours.new_cache(t + 32)
+        out = ours(ids[:, :t], positions_for(0, t), cache)
+        seen = list(causal)
+        chunk = ours(ids[:, t:], positions_for(t, 20), cache)
+        assert causal[len(seen):] == [False] * len(seen)  # start > 0: the mask, always
+        return torch.cat([out.logits, chunk.logits], dim=1), cache.k, seen
+
+    logits, keys, seen = prefill_then_chunk()
+    assert seen == [True] * 3  # every layer skipped
+    monkeypatch.setattr(base, "is_prefill_causal", lambda *args: False)
+    ref_logits, ref_keys, ref_seen = prefill_then_chunk()
+    assert ref_seen == [False] * 3
+    assert torch.equal(logits, ref_logits) and torch.equal(keys, ref_keys)
+
+
+def test_another_square_mask_from_slot_0_is_not_taken_for_causal(monkeypatch):
+    """Two independent sequences of 20 in one forward from slot 0 (a block-diagonal mask, the
+    shape of a prompt's causal one): SDPA gets the mask, and each half is its sequence alone."""
+    from draftsman.models import base
+
+    _, ours = tiny_pair("llama")
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(4))
+    tril = torch.ones(20, 20, dtype=torch.bool).tril()
+    mask = torch.zeros(40, 40, dtype=torch.bool)
+    mask[:20, :20] = mask[20:, 20:] = tril
+    causal: list[bool] = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(base.F, "scaled_dot_product_attention",
+                        lambda *a, **k: causal.append(k.get("is_causal", False)) or sdpa(*a, **k))
+    both = ours(ids, torch.cat([positions_for(0, 20)] * 2, dim=1), ours.new_cache(48),
+                mask=mask).logits
+    assert causal == [False] * 3
+    second = ours(ids[:, 20:], positions_for(0, 20), ours.new_cache(24)).logits
+    torch.testing.assert_close(both[:, 20:], second, atol=1e-5, rtol=1e-5)
