@@ -113,7 +113,9 @@ def cached_causal_bias(start: int, length: int, device: torch.device) -> torch.T
 @lru_cache(maxsize=1)
 def prefill_causal_mask(length: int, device: torch.device) -> torch.Tensor:
     """`causal_mask(0, length)`, a whole prompt's prefill mask: the last one built is kept, so
-    `is_prefill_causal` knows it by identity. Shared, so read-only."""
+    `is_prefill_causal` knows it by identity (one: a long prompt's mask is T^2 bytes; a ragged
+    step's second prompt of another length rebuilds it there and attends with the mask, the
+    same bits). Shared, so read-only."""
     return causal_mask(0, length, device)
 
 
