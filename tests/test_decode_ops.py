@@ -303,3 +303,50 @@ def test_a_fused_model_runs_in_a_spawned_process():
     got = queue.get(timeout=120)
     child.join(timeout=30)
     assert torch.equal(torch.tensor(got), want)
+
+
+@pytest.mark.skipif(not (kquant_available() and attention_bf16_pairs()),
+                    reason="a long causal run attends in blocks where the fused op scores bf16 "
+                           "rows on AVX512-BF16 pairs; this CPU or build has none")
+@pytest.mark.parametrize("rows, start", [(300, 0), (150, 40)])
+def test_a_long_causal_run_attends_in_blocks_with_one_calls_bits(rows, start, monkeypatch):
+    """A prompt of 300 rows, and a chunk of 150 after 40 cached: fused calls of
+    CAUSAL_BLOCK_ROWS rows give the logits and cache of one call over all rows with the whole
+    causal bias, and agree with SDPA's attention to bf16's precision."""
+    from draftsman.models import base, llama
+    from draftsman.models.cache import KVCache
+
+    _, model = tiny_pair("qwen2", hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=512)
+    model = model.to(torch.bfloat16)
+    model.use_fused_cpu_ops()
+    ids = torch.randint(0, 97, (1, start + rows), generator=torch.Generator().manual_seed(5))
+    calls: list[int] = []
+    write = KVCache.write_rotated_and_attend
+
+    def spy(self, layer, at, qkv, *args):
+        calls.append(qkv.shape[1])
+        return write(self, layer, at, qkv, *args)
+
+    monkeypatch.setattr(KVCache, "write_rotated_and_attend", spy)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        cache = model.new_cache(start + rows + 8)
+        if start:
+            model(ids[:, :start], torch.arange(start)[None], cache)
+        calls.clear()
+        out = model(ids[:, start:], torch.arange(start, start + rows)[None], cache)
+        return out.logits, cache.k, cache.v
+
+    got = run()
+    step = base.CAUSAL_BLOCK_ROWS
+    blocks = [min(step, rows - s0) for s0 in range(0, rows, step)]
+    assert len(blocks) > 1 and calls == blocks * model.config.num_layers
+    monkeypatch.setattr(base, "CAUSAL_BLOCK_ROWS", 10**6)
+    one_call = run()
+    assert calls == [rows] * model.config.num_layers
+    assert all(torch.equal(a, b) for a, b in zip(got, one_call, strict=True))
+    monkeypatch.setattr(llama, "runs_causal_in_blocks", lambda *args: False)
+    sdpa = run()
+    assert calls == []
+    torch.testing.assert_close(got[0].float(), sdpa[0].float(), rtol=0.05, atol=0.05)

@@ -180,7 +180,7 @@ def test_a_prompts_prefill_skips_masked_key_blocks_with_the_masks_bits(dtype, t,
 
     logits, keys, seen = prefill_then_chunk()
     assert seen == [True] * 3  # every layer skipped
-    monkeypatch.setattr(base, "is_prefill_causal", lambda *args: False)
+    monkeypatch.setattr(base, "sdpa_is_causal", lambda *args: False)
     ref_logits, ref_keys, ref_seen = prefill_then_chunk()
     assert ref_seen == [False] * 3
     assert torch.equal(logits, ref_logits) and torch.equal(keys, ref_keys)

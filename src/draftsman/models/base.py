@@ -19,7 +19,12 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from draftsman.errors import UnsupportedError
-from draftsman.kernels.native import attention_amx, kquant_available, unavailable_reason
+from draftsman.kernels.native import (
+    attention_amx,
+    attention_bf16_pairs,
+    kquant_available,
+    unavailable_reason,
+)
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
 from draftsman.models.protocol import Capabilities
@@ -33,6 +38,8 @@ LAST = slice(-1, None)
 CACHED_MASK_ROWS = 64  # verify/draft batches; a long prefill's mask is built once per request
 MATMUL_ATTENTION_ROWS = 16  # up to this many new tokens, CPU attention skips SDPA (see below)
 AMX_ATTENTION_ROWS = 64  # the same where the fused op runs on AMX-BF16 tiles (attention_rows)
+CAUSAL_BLOCK_ROWS = 128  # new rows a fused call takes in a long causal run (blocks of 64-256 level)
+CAUSAL_BLOCKS_MAX_SLOTS = 4096  # past this, SDPA: the blocks' biases are cached_causal_bias's
 
 # Without AVX-512 BF16, PyTorch's CPU bf16 matmul has no native dot product and its cost grows
 # linearly with the rows: a 128-token prefill costs 4x the same matmul done in float32 on
@@ -92,10 +99,9 @@ def attention_mask(
         return None
     if length <= CACHED_MASK_ROWS:
         return (cached_causal_bias if additive else cached_causal_mask)(start, length, device)
-    if start == 0 and not additive:
-        return prefill_causal_mask(length, device)
-    mask = causal_mask(start, length, device)
-    return additive_mask(mask) if additive else mask
+    if not additive:
+        return shared_causal_mask(start, length, device)
+    return additive_mask(causal_mask(start, length, device))
 
 
 @lru_cache(maxsize=32)
@@ -111,29 +117,71 @@ def cached_causal_bias(start: int, length: int, device: torch.device) -> torch.T
 
 
 @lru_cache(maxsize=1)
-def prefill_causal_mask(length: int, device: torch.device) -> torch.Tensor:
-    """`causal_mask(0, length)`, a whole prompt's prefill mask: the last one built is kept, so
-    `is_prefill_causal` knows it by identity (one: a long prompt's mask is T^2 bytes; a ragged
-    step's second prompt of another length rebuilds it there and attends with the mask, the
-    same bits). Shared, so read-only."""
-    return causal_mask(0, length, device)
+def shared_causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor:
+    """`causal_mask(start, length)` of a long run of new rows (a prompt or a chunk of one):
+    the last one built is kept, so `is_default_causal` knows it by identity (one: it is
+    T x (start + T) bytes; a ragged step's second prompt of another shape rebuilds it there
+    and attends with the mask, the same bits). Shared, so read-only."""
+    return causal_mask(start, length, device)
 
 
-def is_prefill_causal(mask: torch.Tensor | None, start: int, t: int, device: torch.device) -> bool:
-    """Whether `mask` is the plain causal mask of T new rows from slot 0 that `attention_mask`
-    shares (the causal mask top-left aligned, as SDPA's `is_causal` means it), on the CPU.
-
-    Why: given the mask as a tensor, PyTorch's CPU flash attention scores every key block and
-    adds -inf past the diagonal; with `is_causal` it skips those blocks, half a long prefill's
-    attention (the 1.5B's 658-token prompt: 452 of its 1,840 ms were attention). The bits are
-    the same: a skipped block would have added exp(-inf) = 0 to every sum and left every
-    running maximum as it was. Not on CUDA, where `is_causal` picks another kernel."""
-    if (start != 0 or mask is None or device.type != "cpu" or mask.dtype != torch.bool
-            or tuple(mask.shape[-2:]) != (t, t)):
+def is_default_causal(mask: torch.Tensor | None, start: int, t: int, device: torch.device) -> bool:
+    """Whether `mask` is the plain causal mask of T new rows after `start` cached slots that
+    `attention_mask` shares (not a tree's or a sliding window's), known by identity."""
+    if mask is None or mask.dtype != torch.bool or tuple(mask.shape[-2:]) != (t, start + t):
         return False
     if t <= CACHED_MASK_ROWS:
-        return mask is cached_causal_mask(0, t, device)
-    return mask is prefill_causal_mask(t, device)
+        return mask is cached_causal_mask(start, t, device)
+    return mask is shared_causal_mask(start, t, device)
+
+
+def sdpa_is_causal(mask: torch.Tensor | None, start: int, t: int, device: torch.device) -> bool:
+    """Whether SDPA may take `is_causal` for `mask`: the default causal mask from slot 0 (SDPA's
+    causal mask is top-left aligned), on the CPU.
+
+    Why: given the mask as a tensor, PyTorch's CPU flash attention scores every key block and
+    adds -inf past the diagonal; with `is_causal` it skips those blocks (the 1.5B's 658-token
+    prompt: 452 -> 351 ms of attention). The bits are the same: a skipped block would have
+    added exp(-inf) = 0 to every sum and left every running maximum as it was. Not on CUDA,
+    where `is_causal` picks another kernel."""
+    return start == 0 and device.type == "cpu" and is_default_causal(mask, start, t, device)
+
+
+def runs_causal_in_blocks(mask: torch.Tensor | None, start: int, t: int, dtype: torch.dtype,
+                          device: torch.device) -> bool:
+    """Whether a long causal run of new rows (a prompt's prefill, a chunk of one) attends on the
+    fused CPU op in blocks (`causal_attention_in_blocks`) instead of SDPA: bf16 rows where the
+    op scores them on AVX512-BF16 pairs (a declared capability, `attention_bf16_pairs`), the
+    default causal mask, at most CAUSAL_BLOCKS_MAX_SLOTS slots.
+
+    Why: there the op beats PyTorch's flash kernel at every length measured; RoPE, the cache
+    write and the 1.5B's attention of one layer on a Zen 5 EPYC, 2 threads: 300 / 658 / 1,500
+    rows 0.8-1.8 / 2.9-4.5 / 13-16 ms in blocks of 128, against 3.3 / 12-14 / 44 for SDPA's
+    causal attention alone; the 658-token prefill 1,749 -> 1,344 ms
+    (bench-results/prefill-zen5-causal). Each block sees only the slots up to its end, which
+    is what skips the masked ones."""
+    return (device.type == "cpu" and dtype == torch.bfloat16
+            and start + t <= CAUSAL_BLOCKS_MAX_SLOTS and attention_bf16_pairs()
+            and is_default_causal(mask, start, t, device))
+
+
+def causal_attention_in_blocks(cache: KVCache, layer: int, start: int, qkv: torch.Tensor,
+                               cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+                               n_kv: int) -> torch.Tensor:
+    """`KVCache.write_rotated_and_attend` over T causal rows after `start` in blocks of
+    CAUSAL_BLOCK_ROWS: block [s0, s1) stores its keys and values at slots start + s0.. and
+    attends over the slots before start + s1 with its causal bias -> [B, T, Hq D].
+    Invariant: each row's bits are those of one call over all T rows with the whole causal
+    bias (the op's rows are each their own; a masked slot adds exact zeros)."""
+    t = qkv.shape[1]
+    out = []
+    for s0 in range(0, t, CAUSAL_BLOCK_ROWS):
+        s1 = min(t, s0 + CAUSAL_BLOCK_ROWS)
+        bias = cached_causal_bias(start + s0, s1 - s0, qkv.device)
+        out.append(cache.write_rotated_and_attend(
+            layer, start + s0, qkv[:, s0:s1].contiguous(), cos[:, s0:s1].contiguous(),
+            sin[:, s0:s1].contiguous(), bias, n_heads, n_kv))
+    return torch.cat(out, dim=1)
 
 
 def causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor:
@@ -233,7 +281,7 @@ def cached_attention(
             return torch.ops.draftsman.short_attention(q, keys, values, bias,
                                                        q.shape[-1] ** -0.5)
         return matmul_attention(q, keys, values, mask)
-    causal = is_prefill_causal(mask, start, q.shape[2], q.device)
+    causal = sdpa_is_causal(mask, start, q.shape[2], q.device)
     out = F.scaled_dot_product_attention(
         q, keys, values, attn_mask=None if causal else mask, is_causal=causal,
         enable_gqa=q.shape[1] != keys.shape[1]

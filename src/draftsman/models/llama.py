@@ -17,6 +17,8 @@ from draftsman.models.base import (
     additive_mask,
     attention_rows,
     cached_attention,
+    causal_attention_in_blocks,
+    runs_causal_in_blocks,
     uses_matmul_attention,
 )
 from draftsman.models.cache import KVCache
@@ -78,11 +80,16 @@ class Attention(nn.Module):
         # one call for RoPE, the cache write and attention, on a KVCache's contiguous slots
         # (a static step's SlotWriter takes the path below); the mask is additive there
         if (self.fused_cpu_ops and self.q_norm is None and cos.shape[0] == b
-                and isinstance(cache, KVCache)
-                and uses_matmul_attention(t, qkv.device, attention_rows(True, qkv.dtype))):
-            bias = additive_mask(mask) if mask is not None and mask.dtype == torch.bool else mask
-            return cache.write_rotated_and_attend(layer, start, qkv.contiguous(), cos, sin,
-                                                  bias, nq, nkv)
+                and isinstance(cache, KVCache)):
+            if uses_matmul_attention(t, qkv.device, attention_rows(True, qkv.dtype)):
+                bias = mask
+                if mask is not None and mask.dtype == torch.bool:
+                    bias = additive_mask(mask)
+                return cache.write_rotated_and_attend(layer, start, qkv.contiguous(), cos, sin,
+                                                      bias, nq, nkv)
+            if runs_causal_in_blocks(mask, start, t, qkv.dtype, qkv.device):
+                return causal_attention_in_blocks(cache, layer, start, qkv.contiguous(), cos,
+                                                  sin, nq, nkv)
         if self.q_norm is None:  # q and k heads side by side: one rotation for both
             qk = apply_rotary(qkv[..., : (nq + nkv) * d].view(b, t, nq + nkv, d), cos, sin)
             q, k = qk.split((nq, nkv), dim=2)
