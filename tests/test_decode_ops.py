@@ -350,3 +350,39 @@ def test_a_long_causal_run_attends_in_blocks_with_one_calls_bits(rows, start, mo
     sdpa = run()
     assert calls == []
     torch.testing.assert_close(got[0].float(), sdpa[0].float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.skipif(not (kquant_available() and attention_bf16_pairs()),
+                    reason="a long causal run attends in blocks where the fused op scores bf16 "
+                           "rows on AVX512-BF16 pairs; this CPU or build has none")
+def test_long_prompts_in_one_ragged_step_attend_as_each_alone():
+    """Two prompts of other lengths (90 and 150 rows) and a decode row in one ragged forward:
+    each prompt's plain causal mask is known as such beside the other's, so each attends in
+    blocks as it does alone, and its logits and cache are its own bit for bit."""
+    from draftsman.models.ragged import RaggedCaches, Segment
+
+    _, model = tiny_pair("qwen2", hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=512)
+    model = model.to(torch.bfloat16)
+    model.use_fused_cpu_ops()
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (90, 150)]
+    alone = []
+    for p in prompts:
+        cache = model.new_cache(160)
+        alone.append((model(torch.tensor([p]), torch.arange(len(p))[None], cache).logits[0],
+                      cache))
+    decoding, single = model.new_cache(160), model.new_cache(160)
+    for cache in (decoding, single):
+        model(torch.tensor([[3, 4, 5]]), torch.arange(3)[None], cache)
+    step = model(torch.tensor([[6]]), torch.tensor([[3]]), single).logits[0]
+    caches = [model.new_cache(160) for _ in prompts]
+    segments = [Segment(c, 0, len(p)) for c, p in zip(caches, prompts, strict=True)]
+    ids = torch.tensor([prompts[0] + [6] + prompts[1]])
+    pos = torch.tensor([list(range(90)) + [3] + list(range(150))])
+    segments.insert(1, Segment(decoding, 3, 1))
+    out = model(ids, pos, RaggedCaches(segments)).logits[0]
+    assert torch.equal(out[:90], alone[0][0]) and torch.equal(out[91:], alone[1][0])
+    assert torch.equal(out[90:91], step)
+    for (_, ref), mine in zip(alone, caches, strict=True):
+        assert torch.equal(mine.k[:, :, :, :ref.length], ref.k[:, :, :, :ref.length])

@@ -9,6 +9,7 @@ writes keys/values for the new tokens at slots start..start+T of the layers it r
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -100,14 +101,26 @@ def attention_mask(
     if length <= CACHED_MASK_ROWS:
         return (cached_causal_bias if additive else cached_causal_mask)(start, length, device)
     if not additive:
-        return shared_causal_mask(start, length, device)
+        return default_causal_mask(start, length, device)
     return additive_mask(causal_mask(start, length, device))
+
+
+# The plain causal masks `attention_mask` built and still alive, by id: is_default_causal
+# knows one by identity, however many a step holds (a ragged step's prompts)
+_DEFAULT_CAUSAL: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def default_causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor:
+    """`causal_mask(start, length)`, remembered as plain causal while it lives."""
+    mask = causal_mask(start, length, device)
+    _DEFAULT_CAUSAL[id(mask)] = mask
+    return mask
 
 
 @lru_cache(maxsize=32)
 def cached_causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor:
-    """`causal_mask` built once per shape and shared, so read-only."""
-    return causal_mask(start, length, device)
+    """`default_causal_mask` built once per shape and shared, so read-only."""
+    return default_causal_mask(start, length, device)
 
 
 @lru_cache(maxsize=32)
@@ -116,23 +129,11 @@ def cached_causal_bias(start: int, length: int, device: torch.device) -> torch.T
     return additive_mask(cached_causal_mask(start, length, device))
 
 
-@lru_cache(maxsize=1)
-def shared_causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor:
-    """`causal_mask(start, length)` of a long run of new rows (a prompt or a chunk of one):
-    the last one built is kept, so `is_default_causal` knows it by identity (one: it is
-    T x (start + T) bytes; a ragged step's second prompt of another shape rebuilds it there
-    and attends with the mask, the same bits). Shared, so read-only."""
-    return causal_mask(start, length, device)
-
-
-def is_default_causal(mask: torch.Tensor | None, start: int, t: int, device: torch.device) -> bool:
+def is_default_causal(mask: torch.Tensor | None, start: int, t: int) -> bool:
     """Whether `mask` is the plain causal mask of T new rows after `start` cached slots that
-    `attention_mask` shares (not a tree's or a sliding window's), known by identity."""
-    if mask is None or mask.dtype != torch.bool or tuple(mask.shape[-2:]) != (t, start + t):
-        return False
-    if t <= CACHED_MASK_ROWS:
-        return mask is cached_causal_mask(start, t, device)
-    return mask is shared_causal_mask(start, t, device)
+    `attention_mask` built (not a tree's or a sliding window's), known by identity."""
+    return (mask is not None and _DEFAULT_CAUSAL.get(id(mask)) is mask
+            and tuple(mask.shape[-2:]) == (t, start + t))
 
 
 def sdpa_is_causal(mask: torch.Tensor | None, start: int, t: int, device: torch.device) -> bool:
@@ -144,7 +145,7 @@ def sdpa_is_causal(mask: torch.Tensor | None, start: int, t: int, device: torch.
     prompt: 452 -> 351 ms of attention). The bits are the same: a skipped block would have
     added exp(-inf) = 0 to every sum and left every running maximum as it was. Not on CUDA,
     where `is_causal` picks another kernel."""
-    return start == 0 and device.type == "cpu" and is_default_causal(mask, start, t, device)
+    return start == 0 and device.type == "cpu" and is_default_causal(mask, start, t)
 
 
 def runs_causal_in_blocks(mask: torch.Tensor | None, start: int, t: int, dtype: torch.dtype,
@@ -162,7 +163,7 @@ def runs_causal_in_blocks(mask: torch.Tensor | None, start: int, t: int, dtype: 
     is what skips the masked ones."""
     return (device.type == "cpu" and dtype == torch.bfloat16
             and start + t <= CAUSAL_BLOCKS_MAX_SLOTS and attention_bf16_pairs()
-            and is_default_causal(mask, start, t, device))
+            and is_default_causal(mask, start, t))
 
 
 def causal_attention_in_blocks(cache: KVCache, layer: int, start: int, qkv: torch.Tensor,
