@@ -3,20 +3,12 @@ causal mask as a tensor, with SDPA's is_causal, and as draftsman's two-matmul at
 python attention_layer.py [ROWS] (default 658)."""
 
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+from timing import ms  # this folder's
 
 from draftsman.models.base import additive_mask, causal_mask, matmul_attention
-
-
-def ms(f, repeats: int = 5) -> float:
-    f()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        f()
-    return (time.perf_counter() - start) / repeats * 1e3
 
 
 def main() -> None:

@@ -3,10 +3,10 @@ keys 0..block end only), timed against SDPA's is_causal, bf16 and float32, 12 qu
 2 KV heads of 128: python blocked_attention.py ROWS. Tried, not kept (README)."""
 
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+from timing import ms  # this folder's
 
 
 def blocked(q, k, v, block: int = 64) -> torch.Tensor:
@@ -27,13 +27,6 @@ def blocked(q, k, v, block: int = 64) -> torch.Tensor:
         out[:, s0:s1] = o.permute(0, 3, 1, 2, 4).reshape(b, s1 - s0, hq, d)
     return out
 
-
-def ms(f, repeats: int = 5) -> float:
-    f()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        f()
-    return (time.perf_counter() - start) / repeats * 1e3
 
 
 def row(t: int, dtype: torch.dtype) -> str:

@@ -4,9 +4,9 @@ block's causal bias), against one call with the whole causal bias; says whether 
 are bit for bit the one call's: python rope_attention_blocks.py ROWS."""
 
 import sys
-import time
 
 import torch
+from timing import ms  # this folder's
 
 from draftsman.kernels.native import kquant_available
 from draftsman.models.base import additive_mask, cached_causal_bias, causal_mask
@@ -15,13 +15,6 @@ from draftsman.models.cache import KVCache
 N_HEADS, N_KV, D = 12, 2, 128
 CPU = torch.device("cpu")
 
-
-def ms(f, repeats: int = 3) -> float:
-    f()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        f()
-    return (time.perf_counter() - start) / repeats * 1e3
 
 
 def main() -> None:
@@ -52,9 +45,9 @@ def main() -> None:
     ref = one_call()
     for rows in (64, 128, 256):
         same = torch.equal(blocks(rows), ref)
-        took = ms(lambda r=rows: blocks(r))
+        took = ms(lambda r=rows: blocks(r), 3)
         print(t, f"blocks of {rows}: {took:.1f} ms, the one call's bits: {same}")
-    print(t, f"one call, the whole bias: {ms(one_call):.1f} ms")
+    print(t, f"one call, the whole bias: {ms(one_call, 3):.1f} ms")
 
 
 if __name__ == "__main__":
