@@ -35,6 +35,7 @@ from draftsman.models.quant_linear import QuantLinear
 #   int8 rows: 64, 1 multiply, 1 FMA (q8_records.h, i8_many_rows).
 PIPE_OPS = {GGMLType.Q4_K: 80, GGMLType.Q6_K: 82, GGMLType.Q8_0: 73, I8_ROW: 66}
 
+
 @dataclass(frozen=True)
 class RecordsWork:
     """One records matrix of a forward: its block type, bytes and record-rows per row."""

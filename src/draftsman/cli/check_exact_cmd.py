@@ -82,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def check_args(args: argparse.Namespace) -> None:
+def check_args(args: argparse.Namespace, method: str) -> None:
     if args.window < 3:
         raise InvalidArgumentError(f"--window must be >= 3 (the prefill token, a guess and "
                                    f"the token after it), got {args.window}")
@@ -92,7 +92,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise InvalidArgumentError(f"--alpha must be in (0, 1), got {args.alpha}")
     if args.temperature <= 0:
         raise InvalidArgumentError("check-exact tests sampling: --temperature must be > 0")
-    if method_and_options(args)[0] in ("autoregressive", "default"):
+    if method in ("autoregressive", "default"):
         raise InvalidArgumentError(f"--method {args.method}: name the method to check, "
                                    "e.g. speculative or staged")
     SamplingConfig(args.temperature, args.top_k, args.top_p)
@@ -102,11 +102,11 @@ def run(args: argparse.Namespace) -> int:
     # the harness pulls scipy.stats (~0.7 s): imported here, not on every `draftsman` start
     from draftsman.testing import check_exact, target_joint
 
-    if args.help_options:
-        print_method_options(method_and_options(args)[0])
-        return 0
-    check_args(args)
     name, options = method_and_options(args)
+    if args.help_options:
+        print_method_options(name)
+        return 0
+    check_args(args, name)
     registry.method_options(name, options)
     text = sys.stdin.read() if args.prompt == "-" else (args.prompt or DEFAULT_PROMPT)
     engine = draftsman.load(args.target, dtype=args.dtype, threads=args.threads,
@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
             "tv_joint": result.tv_joint, "tv_positions": result.tv_positions,
             "coverage": dict(result.coverage), "missing": result.missing, "passed": passed}))
     else:
-        print(report(args, engine.target.name, len(prompt), len(expected), result, passed))
+        print(report(args, name, options, engine.target.name, len(prompt), len(expected),
+                     result, passed))
     return 0 if passed else 1
 
 
@@ -145,9 +146,8 @@ def numbers(args: argparse.Namespace) -> str:
     return f"llama.cpp {args.numerics}" if args.backend == "llama.cpp" else args.dtype
 
 
-def report(args: argparse.Namespace, target: str, prompt_tokens: int, outcomes: int,
-           result, passed: bool) -> str:
-    name, options = method_and_options(args)
+def report(args: argparse.Namespace, name: str, options: dict, target: str,
+           prompt_tokens: int, outcomes: int, result, passed: bool) -> str:
     given = ", ".join(f"{k}={v}" for k, v in options.items())
     lines = [
         f"target {target} ({numbers(args)}), method {name}" + (f" ({given})" if given else ""),
