@@ -305,9 +305,10 @@ def test_a_fused_model_runs_in_a_spawned_process():
     assert torch.equal(torch.tensor(got), want)
 
 
-@pytest.mark.skipif(not (kquant_available() and attention_bf16_pairs()),
+@pytest.mark.skipif(not (kquant_available() and (attention_bf16_pairs() or attention_amx())),
                     reason="a long causal run attends in blocks where the fused op scores bf16 "
-                           "rows on AVX512-BF16 pairs; this CPU or build has none")
+                           "rows on AVX512-BF16 pairs or AMX-BF16 tiles; this CPU or build has "
+                           "neither")
 @pytest.mark.parametrize("rows, start", [(300, 0), (150, 40)])
 def test_a_long_causal_run_attends_in_blocks_with_one_calls_bits(rows, start, monkeypatch):
     """A prompt of 300 rows, and a chunk of 150 after 40 cached: fused calls of
@@ -352,9 +353,10 @@ def test_a_long_causal_run_attends_in_blocks_with_one_calls_bits(rows, start, mo
     torch.testing.assert_close(got[0].float(), sdpa[0].float(), rtol=0.05, atol=0.05)
 
 
-@pytest.mark.skipif(not (kquant_available() and attention_bf16_pairs()),
+@pytest.mark.skipif(not (kquant_available() and (attention_bf16_pairs() or attention_amx())),
                     reason="a long causal run attends in blocks where the fused op scores bf16 "
-                           "rows on AVX512-BF16 pairs; this CPU or build has none")
+                           "rows on AVX512-BF16 pairs or AMX-BF16 tiles; this CPU or build has "
+                           "neither")
 def test_long_prompts_in_one_ragged_step_attend_as_each_alone():
     """Two prompts of other lengths (90 and 150 rows) and a decode row in one ragged forward:
     each prompt's plain causal mask is known as such beside the other's, so each attends in

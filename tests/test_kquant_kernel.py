@@ -295,6 +295,28 @@ def test_half_record_rows_are_the_same_alone_in_any_batch_and_thread_count(tiles
         Q.Q4_K, (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=14)
 
 
+@records
+@pytest.mark.parametrize("tiles", PATHS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_a_prompts_many_rows_run_in_slices_with_each_rows_own_bits(qtype, tiles):
+    """A prefill's rows whose quantised blocks outgrow half a core's L2 run in slices of
+    whole tiles (`records_slice_rows`): each row is what it is alone, through the plain
+    product and into a projection's columns in place, and a slice boundary falls inside."""
+    rows = random_blocks(qtype, 32, 8192, seed=17)  # 32 blocks a row
+    packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(qtype))
+    m = 2 * native.records_slice_rows(32) + 37
+    assert m > 128 and native.records_slice_rows(32) % 16 == 0
+    x = torch.randn(m, 8192)
+    alone = torch.cat([torch.ops.draftsman.kquant_records_mm(x[i:i + 1].contiguous(), packed,
+                                                             int(qtype), 32, tiles)
+                       for i in range(m)])
+    assert torch.equal(torch.ops.draftsman.kquant_records_mm(x, packed, int(qtype), 32, tiles),
+                       alone)
+    out = torch.full((m, 48), 7.0)
+    torch.ops.draftsman.kquant_records_mm_out(x, packed, int(qtype), 32, tiles, out, 16)
+    assert torch.equal(out[:, 16:], alone) and bool((out[:, :16] == 7.0).all())
+
+
 @NO_AMX
 @pytest.mark.parametrize("qtype", TYPES)
 def test_vector_passes_and_tiles_give_the_same_bits(qtype):
@@ -448,3 +470,33 @@ def test_a_gate_up_projection_hands_back_silu_times_up_in_one_call(monkeypatch):
     finally:
         monkeypatch.delenv("DRAFTSMAN_SWIGLU_EPILOGUE")
         native.records_swiglu.cache_clear()
+
+
+@SWIGLU
+def test_a_prompts_mlp_takes_the_swiglu_epilogue_with_the_same_bits(monkeypatch):
+    """llama.SwiGLU with the fused CPU ops (a prompt's forward; steps build their own ops):
+    silu(gate) * up from the gate/up projection's one call, the bits of silu_mul on its
+    product, which a projection without the epilogue still takes."""
+    from types import SimpleNamespace
+
+    from draftsman.models.llama import SwiGLU
+    from draftsman.models.quant_linear import KQuantRecordsMatrix, QuantLinear
+    from draftsman.store.gguf_blocks import BlockTensor
+
+    mlp = SwiGLU(SimpleNamespace(hidden_size=512, intermediate_size=32))
+    rows = random_blocks(Q.Q4_K, 64, 512, seed=23)
+    mlp.gate_up_proj = QuantLinear(
+        [KQuantRecordsMatrix([BlockTensor("w", int(Q.Q4_K), (64, 512), rows)])], 512, None,
+        torch.float32)
+    mlp.fused_cpu_ops = True
+    x = torch.randn(1, 9, 512)
+    calls = []
+    epilogue = QuantLinear.swiglu_product
+    monkeypatch.setattr(QuantLinear, "swiglu_product",
+                        lambda self, dtype: calls.append(dtype) or epilogue(self, dtype))
+    got = mlp(x)
+    assert calls == [torch.float32]
+    monkeypatch.setattr(QuantLinear, "swiglu_product", lambda self, dtype: None)
+    assert torch.equal(got, mlp(x))
+    gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
+    torch.testing.assert_close(got, mlp.down_proj(torch.nn.functional.silu(gate) * up))

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <unistd.h>
 
 #include "kquant_records_avx2.h"
 #include "kquant_records_parts.h"
@@ -846,6 +847,10 @@ inline void store_swiglu(const float* gate, const float* up, int64_t m, float* y
 // quantises it.
 constexpr int64_t FUSED_FROM_BLOCKS = 32;
 
+// The fewest rows a slice of a many-row call takes (kquant_records_into): 4 tiles, so that each
+// unpacked block still serves many rows.
+constexpr int64_t SLICE_MIN_ROWS = 4 * TILE_ROWS;
+
 template <typename F>
 void quantize_then_work(const at::Tensor& x, int64_t rows, int64_t nb, bool by_block, Q8Block* xdata, int64_t units,
                         const F& work) {
@@ -871,14 +876,9 @@ void quantize_then_work(const at::Tensor& x, int64_t rows, int64_t nb, bool by_b
   }
 }
 
-// y[:, col:col + n] = x W^T into y [M, >= col + n] (rows y.size(1) apart), in x's dtype.
-// tile_rows: from how many rows Q4_K, Q6_K and int8 rows take AMX tiles (0: vectors only, as a CPU
-// without AMX; the bits are the same whatever it is, once it is not 0).
-// swiglu: W's rows are a gate half and an up half (n / 2 each, whole groups), and y[:, :n / 2]
-// gets silu(gate) * up instead, each unit of work a gate group and its up group (the bits of
-// silu_mul on the plain product, without storing and reloading the product); AVX-512 VNNI.
-void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
-                         int64_t tile_rows, at::Tensor& y, int64_t col, bool swiglu = false) {
+// One call of kquant_records_into over all of x's rows (see there).
+void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
+                       int64_t tile_rows, at::Tensor& y, int64_t col, bool swiglu) {
   TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has neither AVX-512 VNNI nor AVX2");
   TORCH_CHECK(tile_rows >= 0, "kquant_records_mm: tile_rows must be 0 (no tiles) or a row count");
   TORCH_CHECK(tile_rows == 0 || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
@@ -1017,6 +1017,52 @@ void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t 
 #endif
 }
 
+// Half a core's L2 (1 MiB where the OS does not say): what a call's quantised activations may
+// take before its rows are split into slices.
+int64_t activation_budget() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? static_cast<int64_t>(l2) / 2 : int64_t{1} << 20;
+  }();
+  return bytes;
+}
+
+// The most rows one slice of a many-row call takes over `nb` blocks a row (kquant_records_into)
+int64_t slice_rows(int64_t nb) {
+  const int64_t row_bytes = std::max<int64_t>(nb, 1) * static_cast<int64_t>(sizeof(Q8Block));
+  return std::max(SLICE_MIN_ROWS, activation_budget() / row_bytes / TILE_ROWS * TILE_ROWS);
+}
+
+// y[:, col:col + n] = x W^T into y [M, >= col + n] (rows y.size(1) apart), in x's dtype.
+// tile_rows: from how many rows Q4_K, Q6_K and int8 rows take AMX tiles (0: vectors only, as a CPU
+// without AMX; the bits are the same whatever it is, once it is not 0).
+// swiglu: W's rows are a gate half and an up half (n / 2 each, whole groups), and y[:, :n / 2]
+// gets silu(gate) * up instead, each unit of work a gate group and its up group (the bits of
+// silu_mul on the plain product, without storing and reloading the product); AVX-512 VNNI.
+//
+// Many rows (a prompt's prefill) go in slices of whole tiles whose quantised activations fit
+// activation_budget: every group of 16 columns reads all of a call's activations, which for
+// 658 rows of an 8960-wide input are 10 MB, read again from L3 by each of the 96 groups; a
+// slice re-reads the matrix instead, from L3 after the first. A row's bits are its own
+// whatever rows share its call, so slices change no result.
+void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
+                         int64_t tile_rows, at::Tensor& y, int64_t col, bool swiglu = false) {
+  const bool known = qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0 || qtype == TYPE_I8_ROW;
+  const int64_t m = x.dim() == 2 ? x.size(0) : 0;
+  if (!known || m <= 2 * SLICE_MIN_ROWS || packed.dim() != 2 || y.dim() != 2 || y.size(0) != m) {
+    return records_rows_into(x, packed, qtype, n, tile_rows, y, col, swiglu);
+  }
+  const int64_t most = slice_rows((packed.size(1) + record_bytes(qtype) - 1) / record_bytes(qtype));
+  if (m <= most) return records_rows_into(x, packed, qtype, n, tile_rows, y, col, swiglu);
+  const int64_t slices = (m + most - 1) / most;
+  const int64_t each = ((m + slices - 1) / slices + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+  for (int64_t r0 = 0; r0 < m; r0 += each) {
+    const int64_t rows = std::min(each, m - r0);
+    at::Tensor yr = y.narrow(0, r0, rows);
+    records_rows_into(x.narrow(0, r0, rows), packed, qtype, n, tile_rows, yr, col, swiglu);
+  }
+}
+
 at::Tensor kquant_records_mm(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
                              int64_t tile_rows) {
   at::Tensor y = at::empty({x.size(0), n}, x.options());
@@ -1054,6 +1100,9 @@ TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
   m.impl("kquant_records_mm_out", &kquant_records_mm_out);
   m.impl("kquant_records_swiglu", &kquant_records_swiglu);
 }
+
+// The most rows one slice of a many-row product takes over `nb` blocks a row (for the tests).
+extern "C" int64_t draftsman_records_slice_rows(int64_t nb) { return slice_rows(nb); }
 
 // Whether K-quant matrices can run on AMX tiles here: built with AMX-INT8 and granted by Linux.
 extern "C" int draftsman_kquant_amx() { return amx_available() ? 1 : 0; }

@@ -248,6 +248,18 @@ def byte_records() -> bool:
     return bool(ctypes.CDLL(str(library_path())).draftsman_byte_records())
 
 
+def records_slice_rows(blocks: int) -> int:
+    """The most activation rows one slice of a many-row records product takes, for rows of
+    `blocks` 256-wide blocks: the rows whose quantised blocks fit half a core's L2 (at least 64).
+    A call of more than 128 rows and more rows than this runs in slices (kernels/
+    gguf_matmul_records.cpp, kquant_records_into); each row's bits are the same."""
+    import ctypes
+
+    fn = ctypes.CDLL(str(library_path())).draftsman_records_slice_rows
+    fn.argtypes, fn.restype = [ctypes.c_int64], ctypes.c_int64
+    return int(fn(blocks))
+
+
 @cache
 def kquant_amx() -> bool:
     """Whether K-quant records take AMX-INT8 tiles from 16 rows here: the build has them (an AMX

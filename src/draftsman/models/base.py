@@ -152,17 +152,22 @@ def runs_causal_in_blocks(mask: torch.Tensor | None, start: int, t: int, dtype: 
                           device: torch.device) -> bool:
     """Whether a long causal run of new rows (a prompt's prefill, a chunk of one) attends on the
     fused CPU op in blocks (`causal_attention_in_blocks`) instead of SDPA: bf16 rows where the
-    op scores them on AVX512-BF16 pairs (a declared capability, `attention_bf16_pairs`), the
-    default causal mask, at most CAUSAL_BLOCKS_MAX_SLOTS slots.
+    op scores them on AVX512-BF16 pairs or AMX-BF16 tiles (declared capabilities,
+    `attention_bf16_pairs`, `attention_amx`), the default causal mask, at most
+    CAUSAL_BLOCKS_MAX_SLOTS slots.
 
     Why: there the op beats PyTorch's flash kernel at every length measured; RoPE, the cache
     write and the 1.5B's attention of one layer on a Zen 5 EPYC, 2 threads: 300 / 658 / 1,500
     rows 0.8-1.8 / 2.9-4.5 / 13-16 ms in blocks of 128, against 3.3 / 12-14 / 44 for SDPA's
     causal attention alone; the 658-token prefill 1,749 -> 1,344 ms
     (bench-results/prefill-zen5-causal). Each block sees only the slots up to its end, which
-    is what skips the masked ones."""
+    is what skips the masked ones. On an AMX Xeon, where PyTorch's flash kernel runs on tiles
+    too, the two attend alike (1,500 rows: 327-330 ms against 333-339 over 28 layers) and the
+    658-token prefill is 3-5% faster in blocks, whose call also rotates and stores the keys
+    (bench-results/prefill-amx-slices)."""
     return (device.type == "cpu" and dtype == torch.bfloat16
-            and start + t <= CAUSAL_BLOCKS_MAX_SLOTS and attention_bf16_pairs()
+            and start + t <= CAUSAL_BLOCKS_MAX_SLOTS
+            and (attention_bf16_pairs() or attention_amx())
             and is_default_causal(mask, start, t))
 
 

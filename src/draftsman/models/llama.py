@@ -112,11 +112,14 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_cpu_ops and x.is_cpu:  # silu(gate) * up in one call, the same bits
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            fused = getattr(self.gate_up_proj, "swiglu_product", None)
+            product = fused(x.dtype) if fused is not None else None
+            act = (product(rows) if product is not None
+                   else torch.ops.draftsman.silu_mul(self.gate_up_proj(rows)))
+            return self.down_proj(act.view(*x.shape[:-1], act.shape[-1]))
         gate_up = self.gate_up_proj(x)
-        if self.fused_cpu_ops and x.is_cpu:
-            rows = gate_up.reshape(-1, gate_up.shape[-1]).contiguous()
-            act = torch.ops.draftsman.silu_mul(rows)  # silu(gate) * up, one call
-            return self.down_proj(act.view(*gate_up.shape[:-1], act.shape[-1]))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
