@@ -23,7 +23,7 @@ from draftsman.models.base import (
 )
 from draftsman.models.cache import KVCache
 from draftsman.models.config import ModelConfig
-from draftsman.models.fused_cpu_step import FusedCpuStep
+from draftsman.models.fused_cpu_step import FusedCpuStep, swiglu_product
 from draftsman.models.ragged import RaggedCaches
 from draftsman.models.rope import RotaryTable, apply_rotary
 
@@ -112,12 +112,9 @@ class SwiGLU(nn.Module):
         self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused_cpu_ops and x.is_cpu:  # silu(gate) * up in one call, the same bits
-            rows = x.reshape(-1, x.shape[-1]).contiguous()
-            fused = getattr(self.gate_up_proj, "swiglu_product", None)
-            product = fused(x.dtype) if fused is not None else None
-            act = (product(rows) if product is not None
-                   else torch.ops.draftsman.silu_mul(self.gate_up_proj(rows)))
+        if self.fused_cpu_ops and x.is_cpu:  # silu(gate) * up as the fused steps take it
+            act = swiglu_product(self.gate_up_proj, x.dtype)(
+                x.reshape(-1, x.shape[-1]).contiguous())
             return self.down_proj(act.view(*x.shape[:-1], act.shape[-1]))
         gate_up = self.gate_up_proj(x)
         gate, up = gate_up.chunk(2, dim=-1)
