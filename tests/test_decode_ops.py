@@ -217,8 +217,9 @@ def rope_case(dtype, d: int, t: int, seed: int, spare: int):
 @pytest.mark.parametrize(("d", "t"), [(16, 3), (128, 10), (64, 16), (64, 17)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_attention_rotates_stores_and_attends_as_the_separate_steps(dtype, d, t):
-    """Up to 16 rows (AVX-512, d a multiple of 64) each attention task rotates and writes its
-    own KV head's rows; 17 take a rotation pass first: the same bits either way."""
+    """Up to 16 rows (AVX-512 with d a multiple of 64, or bf16 on AMX tiles) each attention
+    task rotates and writes its own KV head's rows; 17 take a rotation pass first: the same
+    bits either way."""
     nq, nkv, start = ROPE_NQ, ROPE_NKV, ROPE_START
     cos, sin, qkv, k_cache, v_cache = rope_case(dtype, d, t, seed=3, spare=4)
     want_k, want_v = k_cache.clone(), v_cache.clone()

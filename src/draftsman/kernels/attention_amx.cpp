@@ -77,7 +77,7 @@ inline __m512 exp_for_bf16(__m512 x) {
 
 constexpr int64_t TILE = 16;        // query rows, keys or value dims per tile
 constexpr int64_t KEY_STEP = 64;    // keys scored per pass: four score tiles
-constexpr int64_t ROWS_PER_TASK = 16;
+constexpr int64_t ROWS_PER_TASK = AMX_ROWS_PER_TASK;
 
 // every tile register 16 rows of 64 bytes: A 16 x 32 bf16, B 16 VNNI pairs x 16 columns,
 // C 16 x 16 fp32
@@ -208,7 +208,8 @@ float softmax_row(float* row, int64_t s, int64_t s_pad, float scale, const float
 }  // namespace
 
 void attend_amx(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out) {
+                const c10::optional<at::Tensor>& bias, float scale, at::Tensor& out,
+                const std::function<void(int64_t, int64_t)>& head_prologue) {
   const int64_t b = q.size(0), hq = q.size(1), t = q.size(2), d = q.size(3);
   const int64_t hkv = keys.size(1), s = keys.size(2), group = hq / hkv;
   // keys padded to whole passes of four score tiles (so also to P V's chunks of 32)
@@ -229,6 +230,7 @@ void attend_amx(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& v
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bi = task / (hkv * chunks), g = (task / chunks) % hkv;
       const int64_t r0 = (task % chunks) * ROWS_PER_TASK, rows = std::min(ROWS_PER_TASK, t - r0);
+      if (head_prologue) head_prologue(bi, g);
       const int64_t n = rows * group, n_pad = (n + TILE - 1) / TILE * TILE;  // query rows
       // 64-byte aligned scratch (tile stores and aligned vector stores)
       uint32_t* kt = scratch(kbuf, s_pad * d / 2 + 16);
@@ -275,7 +277,7 @@ void attend_amx(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& v
 }
 #else
 void attend_amx(const at::Tensor&, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
-                float, at::Tensor&) {}
+                float, at::Tensor&, const std::function<void(int64_t, int64_t)>&) {}
 #endif
 
 }  // namespace draftsman_attention
