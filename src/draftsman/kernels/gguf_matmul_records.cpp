@@ -419,7 +419,8 @@ inline const uint8_t* quants(const Q8Block* xb) {
 // One tile of rows (a verify's 16 at most) keeps each row's 16 sums in a register across the
 // blocks (i8_one_tile): the same multiply-adds in the same order, without a load and a store
 // of every row's sums at every block (16 rows of the 0.5B's 151936 x 896 head from cache
-// 4.18 -> 3.81 ms, from memory 6.05 -> 5.93, medians of 8 alternated rounds).
+// 4.18 -> 3.81 ms, from memory 6.01 -> 5.91, medians of 8 alternated rounds;
+// bench-results/amx-q8-registers).
 
 // C = one record's products against the tile of rows at xt (its PAIRS 64-k products), to cbuf
 inline void i8_record_tile(const uint8_t* w, const Q8Block* xt, int pairs, int64_t xstride, int32_t* cbuf) {

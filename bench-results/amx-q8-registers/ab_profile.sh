@@ -1,0 +1,13 @@
+#!/bin/bash
+# usage: ab_profile.sh OUT ROUNDS TARGET DTYPE: `draftsman profile` at 1 and 16 rows before (a
+# worktree at /tmp/benchwt) and after (/work/main), alternated in ABBA order; one line a run:
+# build, one row ms, 16 rows ms, v(16)
+OUT=$1; R=$2; T=$3; D=$4
+for i in $(seq 1 "$R"); do
+  if [ $((i % 2)) -eq 1 ]; then order="before after"; else order="after before"; fi
+  for v in $order; do
+    if [ "$v" = before ]; then src=/tmp/benchwt/src; else src=/work/main/src; fi
+    PYTHONPATH=$src /work/main/.venv/bin/draftsman profile --target $T --dtype $D --threads 2 --lengths 1,16 --context 256 --repeats 5 --json > /tmp/abp.json 2>/dev/null
+    /work/main/.venv/bin/python -c "import json,sys; d=json.load(open('/tmp/abp.json'))['latency']; print('$v', round(d['1']*1e3,2), round(d['16']*1e3,2), round(d['16']/d['1'],3))" >> "$OUT"
+  done
+done
