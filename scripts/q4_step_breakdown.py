@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Where a torch `--dtype q4` (or q8) decode step spends its time: the kernel or the rest.
 
-Times one forward of T new rows after `--context` cached tokens twice in one process:
-as loaded, and with every K-quant matrix replaced by zeros (no weight read; zeros, as
-garbage outputs hold denormals that slow the glue). Both ways a matrix is called are
-replaced: the module's forward and the fused CPU step's direct kernel call
-(`QuantLinear.rows_product`, taken once into the model's flat plan, which is rebuilt here).
-The second figure is the floor the glue sets (norms, RoPE, attention, activations, Python);
-the difference is the kernel's share. Issue 22 uses it to explain the gap to llama.cpp.
+Times one forward of T new rows after `--context` cached tokens in one process: as
+loaded, then on the fused step's per-call plan (a whole-layers `decoder_layers` call cannot
+be wrapped, so both replaced runs take the plan `DRAFTSMAN_LAYERS_CALL=0` runs) as is and
+with every K-quant matrix replaced by zeros (no weight read; zeros, as garbage outputs hold
+denormals that slow the glue). Both ways a matrix is called are replaced: the module's
+forward and the fused CPU step's direct kernel call (`QuantLinear.rows_product`, taken once
+into the model's flat plan, which is rebuilt here). The zeros' time is the floor the glue
+sets (norms, RoPE, attention, activations, Python); the per-call plan's time less it is the
+kernel's share. The step as loaded is printed beside them: where it takes the layers call,
+it saves part of the per-call plan's Python. Issue 22 uses it to explain the gap to
+llama.cpp.
 
     scripts/q4_step_breakdown.py                  # T = 1, 4, 16 after 256 tokens
     scripts/q4_step_breakdown.py --rows 1 --repeats 30
@@ -32,6 +36,7 @@ from contextlib import contextmanager
 import torch
 
 from draftsman.kernels.block_types import I8_ROW
+from draftsman.models import fused_cpu_step
 from draftsman.models.int8_linear import Int8RecordsMatrix
 from draftsman.models.loader import load_model
 from draftsman.models.quant_linear import KQuantMatrix, KQuantRecordsMatrix, QuantLinear
@@ -105,10 +110,12 @@ def matrices_replaced(model, wrap: Callable[[object, Callable], Callable],
         product = swiglu_product(self, dtype) if direct_calls else None
         return None if product is None else wrap(self.parts[0], product)
 
+    layers_in_one_call = fused_cpu_step.layers_in_one_call
     for kind in MATRICES:
         kind.forward = forward
     KQuantRecordsMatrix.forward_into, QuantLinear.rows_product = into, direct
     QuantLinear.swiglu_product = swiglu
+    fused_cpu_step.layers_in_one_call = lambda: False  # its C++ calls are not wrappable
     model._fused_cpu_step = None
     try:
         yield
@@ -117,7 +124,13 @@ def matrices_replaced(model, wrap: Callable[[object, Callable], Callable],
             kind.forward = original
         KQuantRecordsMatrix.forward_into, QuantLinear.rows_product = forward_into, rows_product
         QuantLinear.swiglu_product = swiglu_product
+        fused_cpu_step.layers_in_one_call = layers_in_one_call
         model._fused_cpu_step = None
+
+
+def as_is(matrix, product: Callable) -> Callable:
+    """The product itself (its forward on the per-call plan)."""
+    return product
 
 
 def zeros(matrix, product: Callable) -> Callable:
@@ -180,17 +193,20 @@ def main() -> None:
           logits_at=slice(-1, None))
     logits_at = slice(None) if a.all_logits else slice(-1, None)
     real = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
+    with matrices_replaced(model, as_is):
+        per_call = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
     with matrices_replaced(model, zeros, direct_calls=False):
-        glue = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
+        zeroed = {t: time_step(model, cache, a.context, t, a.repeats, logits_at) for t in rows}
     print(f"{a.model} {a.dtype}, {platform.processor() or platform.machine()}, "
           f"{a.threads} threads, {blocks / 2**20:.0f} MiB of K-quant blocks, "
           f"{a.context} cached tokens")
-    print("| rows | step ms (best / median) | glue only ms | kernel ms | kernel GB/s |")
-    print("|---|---|---|---|---|")
+    print("| rows | step ms (best / median) | per-call plan ms | its glue (zeros) ms "
+          "| kernel ms | kernel GB/s |")
+    print("|---|---|---|---|---|---|")
     for t in rows:
-        kernel = real[t][1] - glue[t][1]
-        print(f"| {t} | {real[t][0]:.1f} / {real[t][1]:.1f} | {glue[t][1]:.1f} | {kernel:.1f} "
-              f"| {blocks / kernel / 1e6:.1f} |")
+        kernel = per_call[t][1] - zeroed[t][1]
+        print(f"| {t} | {real[t][0]:.1f} / {real[t][1]:.1f} | {per_call[t][1]:.1f} "
+              f"| {zeroed[t][1]:.1f} | {kernel:.1f} | {blocks / kernel / 1e6:.1f} |")
     if a.by_matrix:
         costs = by_matrix(model, cache, a.context, rows, a.repeats, logits_at)
         first, last = rows[0], rows[-1]
