@@ -550,8 +550,8 @@ at::Tensor rope_attention_impl(const at::Tensor& qkv, const at::Tensor& cos, con
 #if DRAFTSMAN_AVX512
   // Where every attention task holds all new rows of one KV head, the task rotates and writes
   // that head's rows itself (its q heads, its key and value): one parallel region a layer
-  // instead of two (a verify's 16 rows, 2 KV heads, 2 threads), the same bits. Only where
-  // attend_best would take attend_wide (no AMX tiles for these rows).
+  // instead of two (a verify's 16 rows, 2 KV heads, 2 threads), the same bits. First where
+  // attend_best would take attend_wide (no AMX tiles for these rows), then on the tiles.
   const int64_t group = nq / nkv;
   const auto head_prologue = [&](int64_t bi, int64_t g) {
     for (int64_t ti = 0; ti < t; ++ti) rotate_row(bi * t + ti, g * group, (g + 1) * group, g, g + 1);
@@ -560,8 +560,8 @@ at::Tensor rope_attention_impl(const at::Tensor& qkv, const at::Tensor& cos, con
     attend_wide<T>(q, keys, values, bias, static_cast<float>(scale), out, head_prologue);
     return out;
   }
-  // The same on AMX tiles, where a task holds all new rows of its KV head: a 16-row verify of
-  // the 0.5B (2 KV heads) took 56 us a layer in two regions
+  // The same on AMX tiles, where a task holds all new rows of its KV head (the 0.5B's 16 rows:
+  // 42.5 against 44.1 us a layer, level; bench-results/amx-q8-registers)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (attends_on_amx<T>(d) && t <= draftsman_attention::AMX_ROWS_PER_TASK) {
       draftsman_attention::attend_amx(q, keys, values, bias, static_cast<float>(scale), out, head_prologue);
