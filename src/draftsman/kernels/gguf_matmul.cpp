@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -461,6 +462,23 @@ at::Tensor kquant_mm(const at::Tensor& x, const at::Tensor& w, int64_t qtype, in
   return y;
 }
 
+// x [M, K] (float32 or bfloat16) as the kernels quantise it: each row's nb blocks of 256
+// (zero-padded past K), every field of each Q8Block as bytes [M, nb, Q8_FIELD_BYTES] (the
+// struct's padding left out), for tests of the quantisation itself.
+constexpr int64_t Q8_FIELD_BYTES = offsetof(Q8Block, i8_offsets) + sizeof(Q8Block::i8_offsets);
+
+at::Tensor q8_activation_blocks(const at::Tensor& x, int64_t nb) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "q8_activation_blocks: x must be a contiguous float32 or bfloat16 [M, K] tensor");
+  TORCH_CHECK(nb > 0 && x.size(1) <= nb * QK, "q8_activation_blocks: nb blocks of 256 must cover K");
+  const std::vector<Q8Block> xq = quantize_rows(x, nb);
+  at::Tensor out = at::empty({x.size(0), nb, Q8_FIELD_BYTES}, x.options().dtype(at::kByte));
+  for (int64_t i = 0; i < x.size(0) * nb; ++i) {
+    std::memcpy(out.data_ptr<uint8_t>() + i * Q8_FIELD_BYTES, &xq[static_cast<size_t>(i)], Q8_FIELD_BYTES);
+  }
+  return out;
+}
+
 bool has_simd() { return DRAFTSMAN_AVX2 != 0; }
 
 }  // namespace
@@ -469,9 +487,13 @@ TORCH_LIBRARY(draftsman, m) {
   // simd: the widest path allowed (0 scalar, 1 AVX2, 2 AVX-512 VNNI); the build's widest
   // at or below it runs
   m.def("kquant_mm(Tensor x, Tensor w, int qtype, int simd=2) -> Tensor");
+  m.def("q8_activation_blocks(Tensor x, int nb) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(draftsman, CPU, m) { m.impl("kquant_mm", &kquant_mm); }
+TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
+  m.impl("kquant_mm", &kquant_mm);
+  m.impl("q8_activation_blocks", &q8_activation_blocks);
+}
 
 extern "C" int draftsman_kquant_simd() { return has_simd() ? 1 : 0; }
 

@@ -158,15 +158,30 @@ inline __m512i sums_of_16(const __m512i* q) {
                           _mm512_shuffle_i32x4(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// The same values as quantize_block_scalar, 16 at a time, from floats or straight from bf16
-// (no float copy of the row first), the block's 256 values and their q held in registers,
-// the maxima and the 16 sums of 16 q as trees, not chains or a reduction each (16 rows x 8960
-// bf16, one thread: 48 -> 32 us; at 16 rows the quantisation had been ~50 us of a
-// 16-column 8960-wide product's 75).
-template <typename T>
-inline void quantize_block_avx512(const T* xb, Q8Block& o) {
+// The sums every path reads, from a block's 16 sums of 16 (int32, in order; |sum| <= 16 *
+// 127): bsums and the Q6_K offsets, then int_offsets' values (the sums of 32, the Q8_0
+// offsets, the int8-row offsets over the even and the odd sub-blocks) from registers rather
+// than its scalar loop (~12 ns of a block's ~60 here).
+inline void store_sums(__m512i sums, Q8Block& o) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.bsums), _mm512_cvtepi32_epi16(sums));
+  _mm512_storeu_si512(o.q6_offsets, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 5)));
+  // sum s of 32: lanes 2s + (2s + 1), each even lane's 64 bits narrowed to its low 32
+  const __m256i psums = _mm512_cvtepi64_epi32(_mm512_add_epi32(sums, _mm512_srli_epi64(sums, 32)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(o.psums), _mm256_cvtepi32_epi16(psums));
+  const __m256i offsets = _mm256_mullo_epi32(psums, _mm256_set1_epi32(-128));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q8_offsets), offsets);
+  __m128i four = _mm_add_epi32(_mm256_castsi256_si128(offsets), _mm256_extracti128_si256(offsets, 1));
+  four = _mm_add_epi32(four, _mm_unpackhi_epi64(four, four));  // (even, odd, ., .)
+  o.i8_offsets[0] = _mm_cvtsi128_si32(four);
+  o.i8_offsets[1] = _mm_extract_epi32(four, 1);
+}
+
+// The same values as quantize_block_scalar, 16 at a time, from floats, the block's 256 values
+// and their q held in registers, the maxima and the 16 sums of 16 q as trees, not chains or
+// a reduction each.
+inline void quantize_block_avx512(const float* xb, Q8Block& o) {
   __m512 v[QK / 16], top[QK / 16];
-  for (int s = 0; s < QK / 16; ++s) top[s] = _mm512_abs_ps(v[s] = draftsman_simd::load16(xb + 16 * s));
+  for (int s = 0; s < QK / 16; ++s) top[s] = _mm512_abs_ps(v[s] = _mm512_loadu_ps(xb + 16 * s));
   for (int w = QK / 32; w >= 1; w /= 2) {  // a tree, not a chain of 16 dependent maxima
     for (int s = 0; s < w; ++s) top[s] = _mm512_max_ps(top[s], top[s + w]);
   }
@@ -178,10 +193,69 @@ inline void quantize_block_avx512(const T* xb, Q8Block& o) {
     q[s] = _mm512_cvtps_epi32(_mm512_mul_ps(v[s], inv));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(o.q + 16 * s), _mm512_cvtsepi32_epi8(q[s]));
   }
-  const __m512i sums = sums_of_16(q);  // |sum| <= 16 * 127: int16
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.bsums), _mm512_cvtepi32_epi16(sums));
-  _mm512_storeu_si512(o.q6_offsets, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 5)));
-  int_offsets(o);
+  store_sums(sums_of_16(q), o);
+}
+
+// The same values straight from bf16, each 64-byte load of 32 taken apart into its even and
+// its odd elements as floats (a shift, a mask) instead of widened 16 at a time: the shuffle
+// port's widenings and narrowings (vpmovzxwd, vpmovsdb: ~48 of a block's ~80 shuffle
+// operations on an AMX Xeon) become a blend and a pack per 32. The products, roundings and
+// maxima are the float path's, element by element; the q go back in order (even and odd
+// words interleaved, packed to bytes, the 128-bit lanes' quarters put back), and the sums of
+// 16 come from the pair sums q[2i] + q[2i + 1]. One block 61 -> 35 ns on the AMX Xeon
+// (bench-results/amx-glue), the same bytes.
+inline void quantize_block_avx512(const c10::BFloat16* xb, Q8Block& o) {
+  constexpr int C = QK / 32;  // 8 pieces of 32
+  __m512 even[C], odd[C], top[C];
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int c = 0; c < C; ++c) {
+    const __m512i raw = _mm512_loadu_si512(xb + 32 * c);
+    even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));  // elements 32c + 2i
+    odd[c] = _mm512_castsi512_ps(_mm512_and_si512(raw, high));   // elements 32c + 2i + 1
+    top[c] = _mm512_max_ps(_mm512_abs_ps(even[c]), _mm512_abs_ps(odd[c]));
+  }
+  for (int w = C / 2; w >= 1; w /= 2) {
+    for (int s = 0; s < w; ++s) top[s] = _mm512_max_ps(top[s], top[s + w]);
+  }
+  const float amax = _mm512_reduce_max_ps(top[0]);
+  const float scale = amax > 0.f ? 127.f / amax : 0.f;
+  if (std::isinf(scale)) {
+    // subnormals only: 127 / max|x| overflows and every q saturates, to -128 on the float
+    // path; the words below would keep the low bits instead. That path's bytes, then.
+    float f[QK];
+    for (int i = 0; i < QK; ++i) f[i] = static_cast<float>(xb[i]);
+    return quantize_block_avx512(f, o);
+  }
+  o.d = amax / 127.f;
+  const __m512 inv = _mm512_set1_ps(scale);
+  __m512i words[C], pairs[C];
+  for (int c = 0; c < C; ++c) {
+    const __m512i qe = _mm512_cvtps_epi32(_mm512_mul_ps(even[c], inv));
+    const __m512i qo = _mm512_cvtps_epi32(_mm512_mul_ps(odd[c], inv));
+    words[c] = _mm512_mask_blend_epi16(0xAAAAAAAA, qe, _mm512_slli_epi32(qo, 16));  // 32 q in order
+    pairs[c] = _mm512_add_epi32(qe, qo);
+  }
+  // packs_epi16 takes 8 words of each operand per 128-bit lane: quarters (a0 b0 a1 b1 a2 b2
+  // a3 b3) of 8 bytes, put back as (a0 a1 a2 a3 b0 b1 b2 b3)
+  const __m512i order = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
+  for (int a = 0; a < C / 2; ++a) {
+    const __m512i bytes = _mm512_packs_epi16(words[2 * a], words[2 * a + 1]);
+    _mm512_storeu_si512(o.q + 64 * a, _mm512_permutexvar_epi64(order, bytes));
+  }
+  // the sums of 16: piece c's pair sums over lanes 0-7 and 8-15. Per group of 4 pieces, the
+  // 128-bit lane sums of each (sums_of_16's first stage), then lanes 0 + 1 and 2 + 3:
+  // (p0 p1 p2 p3 lower halves, p0..p3 upper, p4..p7 lower, p4..p7 upper), put in order
+  __m512i lanes[2];
+  for (int g = 0; g < 2; ++g) {
+    const __m512i* p = pairs + 4 * g;
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+    lanes[g] = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+  }
+  const __m512i halves = _mm512_add_epi32(_mm512_shuffle_i32x4(lanes[0], lanes[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                          _mm512_shuffle_i32x4(lanes[0], lanes[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  store_sums(_mm512_permutexvar_epi32(_mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0), halves),
+             o);
 }
 #endif
 
@@ -211,7 +285,7 @@ inline void quantize_row_blocks(const T* x, int64_t k, int64_t b0, int64_t b1, Q
   for (int64_t b = b0; b < whole; ++b) quantize_block(x + b * QK, out[b * step]);
   for (int64_t b = std::max(b0, whole); b < b1; ++b) {
     T tail[QK] = {};
-    for (int64_t i = b * QK; i < std::min(k, (b + 1) * QK); ++i) tail[i - b * QK] = x[i];
+    std::memcpy(tail, x + b * QK, sizeof(T) * static_cast<size_t>(std::max<int64_t>(0, std::min(k, (b + 1) * QK) - b * QK)));
     quantize_block(tail, out[b * step]);
   }
 }
