@@ -167,7 +167,9 @@ inline void store_sums(__m512i sums, Q8Block& o) {
   _mm512_storeu_si512(o.q6_offsets, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 5)));
   // sum s of 32: lanes 2s + (2s + 1), each even lane's 64 bits narrowed to its low 32
   const __m256i psums = _mm512_cvtepi64_epi32(_mm512_add_epi32(sums, _mm512_srli_epi64(sums, 32)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(o.psums), _mm256_cvtepi32_epi16(psums));
+  // (narrowed 16 lanes wide, AVX-512F, the upper 8 unused: no AVX-512VL needed)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(o.psums),
+                   _mm256_castsi256_si128(_mm512_cvtepi32_epi16(_mm512_castsi256_si512(psums))));
   const __m256i offsets = _mm256_mullo_epi32(psums, _mm256_set1_epi32(-128));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q8_offsets), offsets);
   __m128i four = _mm_add_epi32(_mm256_castsi256_si128(offsets), _mm256_extracti128_si256(offsets, 1));
@@ -202,8 +204,9 @@ inline void quantize_block_avx512(const float* xb, Q8Block& o) {
 // operations on an AMX Xeon) become a blend and a pack per 32. The products, roundings and
 // maxima are the float path's, element by element; the q go back in order (even and odd
 // words interleaved, packed to bytes, the 128-bit lanes' quarters put back), and the sums of
-// 16 come from the pair sums q[2i] + q[2i + 1]. One block 61 -> 35 ns on the AMX Xeon
-// (bench-results/amx-glue), the same bytes.
+// 16 come from the pair sums q[2i] + q[2i + 1]. One block 59.6 -> 33.4 ns on the AMX Xeon
+// (bench-results/amx-glue; ~75 ns in a forward, which reads what the other core wrote), the
+// same bytes.
 inline void quantize_block_avx512(const c10::BFloat16* xb, Q8Block& o) {
   constexpr int C = QK / 32;  // 8 pieces of 32
   __m512 even[C], odd[C], top[C];
