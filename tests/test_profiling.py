@@ -155,3 +155,27 @@ def test_the_memory_probe_reads_every_word_of_its_buffer(threads):
 def test_the_memory_probe_is_none_without_the_kernels(monkeypatch):
     monkeypatch.setattr(profiling, "kquant_available", lambda: False)
     assert profiling.memory_stream_gbs(mib=1) is None
+
+
+def test_round_ratios_pair_each_rounds_forwards():
+    rounds = {1: [10.0, 20.0, 10.0], 16: [13.0, 24.0, 14.0]}
+    assert profiling.round_ratios(rounds, 1) == {1: [1.0, 1.0, 1.0], 16: [1.3, 1.2, 1.4]}
+
+
+def test_measure_rounds_times_every_length_once_a_round():
+    """One forward of each length per round, in the lengths' order, the medians being
+    measure_latency's figures."""
+    calls: list[int] = []
+
+    class Model:
+        config = type("Config", (), {"vocab_size": 50})
+
+        def new_cache(self, size):
+            return type("Cache", (), {"truncate": lambda self, n: None})()
+
+        def __call__(self, tokens, pos, cache, mask=None):
+            calls.append(tokens.shape[1])
+
+    rounds = profiling.measure_rounds(Model(), [1, 4], context=8, repeats=3, warmup=1)
+    assert calls == [8, 1, 4, 1, 4, 1, 4, 1, 4]  # the context, the warm-up, 3 rounds
+    assert {n: len(t) for n, t in rounds.items()} == {1: 3, 4: 3}

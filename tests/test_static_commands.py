@@ -76,6 +76,11 @@ def test_profile_json_records_where_and_how_it_was_timed(tmp_path, models, monke
     assert dots is None or (len(dots) == 2 and min(dots) > 0)
     assert saved["dots_g"] == dots and out["floor"] is None and saved["floor"] is None
     assert set(out["latency"]) == {"1", "2"}
+    # each round's L(n) / L(1): least, median, most (one round here), saved beside the curve
+    ratios = out["round_ratios"]
+    assert ratios["1"] == [1.0, 1.0, 1.0] and saved["round_ratios"] == ratios
+    least, mid, most = ratios["2"]
+    assert least == mid == most and abs(most - out["latency"]["2"] / out["latency"]["1"]) < 1e-9
     assert out["settings"] == {"model": str(models[0]), "backend": "torch", "lengths": [1, 2],
                                "context": 8, "repeats": 1}
     env = out["env"]

@@ -128,8 +128,24 @@ def draft_cost_ratio(engine: Engine, draft: str, dtype: str | None = None,
 
 def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: int = 3,
                     warmup: int = 1) -> dict[int, float]:
-    """Median seconds of one forward over n new rows (tree-style bool mask, logits on every
-    row) after `context` cached tokens, for each n in `lengths`: L_fp(n) on this machine.
+    """Median seconds of one forward over n new rows after `context` cached tokens, for each
+    n in `lengths`: L_fp(n) on this machine (`measure_rounds`, medians)."""
+    rounds = measure_rounds(model, lengths, context, repeats, warmup)
+    return {n: statistics.median(t) for n, t in rounds.items()}
+
+
+def round_ratios(rounds: dict[int, list[float]], base: int) -> dict[int, list[float]]:
+    """n -> L(n) / L(base) within each round, in round order. The forwards of one round run
+    back to back, so a slow spell tends to move both of a pair; the pairs' range says how
+    far this host's noise reaches a ratio such as v(16)."""
+    return {n: [t / b for t, b in zip(times, rounds[base], strict=True)]
+            for n, times in rounds.items()}
+
+
+def measure_rounds(model, lengths: Sequence[int], context: int = 256, repeats: int = 3,
+                   warmup: int = 1) -> dict[int, list[float]]:
+    """Seconds of one forward over n new rows (tree-style bool mask, logits on every row)
+    after `context` cached tokens, for each n in `lengths`, one per round in round order.
 
     Every length is warmed up before any is timed (a static model captures a CUDA graph per
     bucket on its first call), then timed in rounds, one forward of each length per round:
@@ -164,7 +180,7 @@ def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: 
     for _ in range(repeats):
         for n in inputs:
             times[n].append(forward(n))
-    return {n: statistics.median(t) for n, t in times.items()}
+    return times
 
 
 # MiB the memory probe reads: 8x the largest last-level cache seen here (32 MiB)

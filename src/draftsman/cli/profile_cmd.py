@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 
 import torch
@@ -23,10 +24,11 @@ from draftsman.models.prompt_tokens import PromptTokens
 from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.profiling import (
     dot_rate,
-    measure_latency,
+    measure_rounds,
     memory_stream_gbs,
     model_kind,
     profile_path,
+    round_ratios,
     save_profile,
 )
 from draftsman.records_floor import floor_curve
@@ -82,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
                          static=static_option(args))
     on_cpu = getattr(bundle.model, "device", torch.device("cpu")).type == "cpu"
     before = _host_rates() if on_cpu else (None, None)
-    latency = measure_latency(bundle.model, lengths, args.context, args.repeats)
+    rounds = measure_rounds(bundle.model, lengths, args.context, args.repeats)
+    latency = {n: statistics.median(t) for n, t in rounds.items()}
+    # each round's L(n) / L(first length): least, median and most (the noise a goal on v(n)
+    # is judged within)
+    spread = {n: [min(r), statistics.median(r), max(r)]
+              for n, r in round_ratios(rounds, lengths[0]).items()}
     after = _host_rates() if on_cpu else (None, None)
     # the host's memory stream (GB/s) and dot products (G vpdpbusd/s) before and after the
     # curve: where they moved, L(n) did
@@ -95,12 +102,14 @@ def run(args: argparse.Namespace) -> int:
     path = profile_path(bundle.name, kind, threads)
     save_profile(path, latency, {"model": bundle.name, "dtype": kind, "threads": threads,
                                  "context": args.context, "repeats": args.repeats,
-                                 "stream_gbs": stream, "dots_g": dots, "floor": floor})
+                                 "stream_gbs": stream, "dots_g": dots, "floor": floor,
+                                 "round_ratios": spread})
     speed = _predicted(args.prompt_tokens, latency)
     if args.json:
         # where and how it was timed, as a bench row records it: a results folder of these
         # files names its machine and commit without a note written by hand
-        print(json.dumps({"profile": str(path), "latency": latency, "predicted": speed,
+        print(json.dumps({"profile": str(path), "latency": latency, "round_ratios": spread,
+                          "predicted": speed,
                           "stream_gbs": stream, "dots_g": dots, "floor": floor,
                           "command": command_line(),
                           "settings": {"model": bundle.name, "backend": args.backend,
@@ -110,10 +119,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     base = latency[lengths[0]]
     floor_head = f" {'floor ms':>9} {'x L(1)':>7}" if floor else ""
-    print(f"{'n':>4} {'ms':>9} {'x L(1)':>7}{floor_head}")
+    print(f"{'n':>4} {'ms':>9} {'x L(1)':>7} {'rounds':>11}{floor_head}")
     for n in lengths:
         cells = f" {floor[n] * 1e3:>9.1f} {floor[n] / base:>7.2f}" if floor else ""
-        print(f"{n:>4} {latency[n] * 1e3:>9.1f} {latency[n] / base:>7.2f}{cells}")
+        least, _, most = spread[n]
+        print(f"{n:>4} {latency[n] * 1e3:>9.1f} {latency[n] / base:>7.2f} "
+              f"{f'{least:.2f}-{most:.2f}':>11}{cells}")
+    print(f"rounds: the least and most L(n) / L({lengths[0]}) of a round's forwards "
+          f"({args.repeats} rounds, each length once a round)")
     if stream:
         print(f"memory stream {stream[0]:.0f} GB/s before the curve, {stream[1]:.0f} after "
               f"({threads} threads): a one-row step streams its weights near this speed")
