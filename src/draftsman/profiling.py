@@ -130,7 +130,11 @@ def measure_latency(model, lengths: Sequence[int], context: int = 256, repeats: 
                     warmup: int = 1) -> dict[int, float]:
     """Median seconds of one forward over n new rows after `context` cached tokens, for each
     n in `lengths`: L_fp(n) on this machine (`measure_rounds`, medians)."""
-    rounds = measure_rounds(model, lengths, context, repeats, warmup)
+    return medians(measure_rounds(model, lengths, context, repeats, warmup))
+
+
+def medians(rounds: dict[int, list[float]]) -> dict[int, float]:
+    """n -> the median of its rounds' seconds (measure_rounds)."""
     return {n: statistics.median(t) for n, t in rounds.items()}
 
 

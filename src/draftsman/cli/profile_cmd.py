@@ -25,6 +25,7 @@ from draftsman.models.weight_formats import DTYPE_CHOICES
 from draftsman.profiling import (
     dot_rate,
     measure_rounds,
+    medians,
     memory_stream_gbs,
     model_kind,
     profile_path,
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     on_cpu = getattr(bundle.model, "device", torch.device("cpu")).type == "cpu"
     before = _host_rates() if on_cpu else (None, None)
     rounds = measure_rounds(bundle.model, lengths, args.context, args.repeats)
-    latency = {n: statistics.median(t) for n, t in rounds.items()}
+    latency = medians(rounds)
     # each round's L(n) / L(first length): least, median and most (the noise a goal on v(n)
     # is judged within)
     spread = {n: [min(r), statistics.median(r), max(r)]
