@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""ms per 8960 x 1536 (or `--shape`) Q4_K (or Q6_K, or int8-row) matrix on the records kernel
+"""ms per 8960 x 1536 (or `--shape`) Q4_K (or Q6_K, Q8_0, int8-row) matrix on the records kernel
 (`kquant_records_mm`), from memory and from cache: an A/B of two builds is this script run
 at each commit in turn, a few times.
 
     scripts/records_kernel_time.py --rows 1,16 [--qtype q6_k]
     scripts/records_kernel_time.py --rows 1,16 --qtype i8_row   # q8's int8 rows
     scripts/records_kernel_time.py --qtype i8_row --shape 9728,896   # the 0.5B's gate/up
+    scripts/records_kernel_time.py --qtype q8_0 --shape 9728,896   # the same under q4 (Q5_0)
     DRAFTSMAN_KQUANT_AMX=0 scripts/records_kernel_time.py   # the vector path on an AMX CPU
 
 "from memory": 24 distinct matrices per sweep (more than the caches hold, as a decode step
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_curves import q4k_blocks, q6k_blocks  # noqa: E402
+from kernel_curves import q4k_blocks, q6k_blocks, q8_0_blocks  # noqa: E402
 
 from draftsman.kernels.native import byte_records, kquant_records  # noqa: E402
 from draftsman.models.int8_linear import Int8RecordsMatrix  # noqa: E402
@@ -45,7 +46,7 @@ def main() -> int:
     p.add_argument("--rows", default="1,16", help="activation rows, comma separated")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--qtype", choices=("q4_k", "q6_k", "i8_row"), default="q4_k",
+    p.add_argument("--qtype", choices=("q4_k", "q6_k", "q8_0", "i8_row"), default="q4_k",
                    help="the weights' block type (i8_row: q8's int8 rows, one scale each)")
     p.add_argument("--shape", default="8960,1536",
                    help="out,in features of each matrix (in: a multiple of 256, "
@@ -58,12 +59,14 @@ def main() -> int:
         return 2
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
-    if a.qtype == "i8_row":
+    if a.qtype in ("i8_row", "q8_0"):
         if not byte_records():
-            print("this CPU or build has no AVX-512 VNNI: no int8 records", file=sys.stderr)
+            print("this CPU or build has no AVX-512 VNNI: no 8-bit records", file=sys.stderr)
             return 2
-        weights = (rng.standard_normal((out, inner), dtype=np.float32) for _ in range(24))
-        mats = [Int8RecordsMatrix(torch.from_numpy(w)) for w in weights]
+        weights = (torch.from_numpy(rng.standard_normal((out, inner), dtype=np.float32))
+                   for _ in range(24))
+        mats = [Int8RecordsMatrix(w) if a.qtype == "i8_row" else
+                KQuantRecordsMatrix([q8_0_blocks(w)]) for w in weights]
     else:
         blocks = q4k_blocks if a.qtype == "q4_k" else q6k_blocks
         mats = [KQuantRecordsMatrix([blocks(out, inner, rng)]) for _ in range(24)]

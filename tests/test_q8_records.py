@@ -31,9 +31,18 @@ records = pytest.mark.skipif(not byte_records(),
                              reason="no AVX-512 VNNI on this CPU: no Q8_0 records")
 
 
-def q8_mm(x: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+def q8_mm(x: torch.Tensor, rows: np.ndarray, tile_rows: int = 0) -> torch.Tensor:
+    """Q8_0 rows on the records, on vectors (tile_rows 0) or on AMX tiles from tile_rows."""
     packed = torch.ops.draftsman.kquant_pack_records(torch.from_numpy(rows), int(Q.Q8_0))
-    return torch.ops.draftsman.kquant_records_mm(x, packed, int(Q.Q8_0), rows.shape[0], 0)
+    return torch.ops.draftsman.kquant_records_mm(x, packed, int(Q.Q8_0), rows.shape[0],
+                                                 tile_rows)
+
+
+NO_AMX = pytest.mark.skipif(not kquant_amx(),
+                            reason="no AMX-INT8 tiles on this CPU (or not granted)")
+# 8-bit records by tile_rows: vectors (0), AMX tiles for every row count (1), tiles from 16
+PATHS = [pytest.param(0, id="vectors"), pytest.param(1, id="all-tiles", marks=NO_AMX),
+         pytest.param(16, id="tiles", marks=NO_AMX)]
 
 
 def i8_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -58,16 +67,18 @@ def reference(x: torch.Tensor, rows: np.ndarray | torch.Tensor) -> np.ndarray:
 
 
 @records
+@pytest.mark.parametrize("tile_rows", PATHS)
 @pytest.mark.parametrize("k", [768, 896])
-def test_q8_0_records_compute_the_ggufs_weights(k):
+def test_q8_0_records_compute_the_ggufs_weights(k, tile_rows):
     """40 weight rows (a short last group), widths of whole records and of 3.5 (the 0.5B's
-    896: the last record half zero blocks), 1..37 rows (one pass, passes), an outlier row."""
+    896: the last record half zero blocks), 1..37 rows (one pass, passes, tiles), an outlier
+    row."""
     rows = random_blocks(Q.Q8_0, 40, k, seed=5)
     x = torch.randn(37, k)
     x[3] *= 100
     want = reference(x, rows)
     for m in (1, 2, 5, 8, 9, 16, 17, 37):
-        got = q8_mm(x[:m].contiguous(), rows).double().numpy()
+        got = q8_mm(x[:m].contiguous(), rows, tile_rows).double().numpy()
         assert np.abs(got - want[:m]).max() <= 1e-5 * np.abs(want[:m]).max(), m
     # the activation rounding is what separates it from float activations
     exact = x.double().numpy() @ dequantize(rows, Q.Q8_0).astype(np.float64).reshape(40, k).T
@@ -111,8 +122,9 @@ def test_8_bit_half_record_rows_are_the_same_alone_in_any_batch_and_thread_count
 
 
 @records
-def test_q8_0_record_rows_are_the_same_alone_in_any_batch_and_thread_count():
-    assert_batch_invariant(lambda x, rows, q: q8_mm(x, rows), Q.Q8_0,
+@pytest.mark.parametrize("tile_rows", PATHS)
+def test_q8_0_record_rows_are_the_same_alone_in_any_batch_and_thread_count(tile_rows):
+    assert_batch_invariant(lambda x, rows, q: q8_mm(x, rows, tile_rows), Q.Q8_0,
                            (2, 3, 5, 8, 9, 16, 17, 21, 40), seed=6)
 
 
@@ -145,15 +157,8 @@ def test_int8_records_compute_the_rows_weights(k):
         assert np.abs(got - want[:rows]).max() <= 1e-5 * np.abs(want[:rows]).max(), rows
 
 
-NO_AMX = pytest.mark.skipif(not kquant_amx(),
-                            reason="no AMX-INT8 tiles on this CPU (or not granted)")
-# int8 rows by tile_rows: vectors (0), AMX tiles for every row count (1), tiles from 16
-I8_PATHS = [pytest.param(0, id="vectors"), pytest.param(1, id="all-tiles", marks=NO_AMX),
-            pytest.param(16, id="tiles", marks=NO_AMX)]
-
-
 @records
-@pytest.mark.parametrize("tile_rows", I8_PATHS)
+@pytest.mark.parametrize("tile_rows", PATHS)
 def test_int8_record_rows_are_the_same_alone_in_any_batch_and_thread_count(tile_rows):
     w = torch.randn(48, 512)
     packed = Int8RecordsMatrix(w).packed
@@ -165,23 +170,30 @@ def test_int8_record_rows_are_the_same_alone_in_any_batch_and_thread_count(tile_
 
 @NO_AMX
 @records
+@pytest.mark.parametrize("qtype", [pytest.param(TYPE_I8_ROW, id="int8-rows"),
+                                   pytest.param(int(Q.Q8_0), id="q8_0")])
 @pytest.mark.parametrize("k", [384, 512, 896])
-def test_int8_rows_on_tiles_give_the_vectors_bits(k):
-    """The tiles sum the same integer per record and row as the vectors (whole and half
-    records), so an AMX CPU computes what a VNNI CPU does, bit for bit, wherever the tiles
-    start; an outlier row and 40 columns (a short last group) included."""
-    packed = Int8RecordsMatrix(torch.randn(40, k) * torch.logspace(-2, 0, 40)[:, None]).packed
+def test_8_bit_records_on_tiles_give_the_vectors_bits(k, qtype):
+    """The tiles sum the same integer per record and row (int8 rows: per record; Q8_0: per
+    block of 32) as the vectors, whole and half records, and the rows take the vectors' float
+    steps in their order: an AMX CPU computes what a VNNI CPU does, bit for bit, wherever the
+    tiles start; an outlier row and 40 columns (a short last group) included."""
+    if qtype == TYPE_I8_ROW:
+        packed = Int8RecordsMatrix(torch.randn(40, k) * torch.logspace(-2, 0, 40)[:, None]).packed
+    else:
+        packed = torch.ops.draftsman.kquant_pack_records(
+            torch.from_numpy(random_blocks(Q.Q8_0, 40, k, seed=k)), qtype)
     x = torch.randn(37, k)
     x[3] *= 100
     for m in (1, 2, 5, 9, 16, 17, 21, 37):
         xm = x[:m].contiguous()
-        want = torch.ops.draftsman.kquant_records_mm(xm, packed, TYPE_I8_ROW, 40, 0)
+        want = torch.ops.draftsman.kquant_records_mm(xm, packed, qtype, 40, 0)
         for tile_rows in (1, 8, 16, 17):
-            got = torch.ops.draftsman.kquant_records_mm(xm, packed, TYPE_I8_ROW, 40, tile_rows)
+            got = torch.ops.draftsman.kquant_records_mm(xm, packed, qtype, 40, tile_rows)
             assert torch.equal(got, want), (m, tile_rows)
         xb = xm.bfloat16()
-        assert torch.equal(torch.ops.draftsman.kquant_records_mm(xb, packed, TYPE_I8_ROW, 40, 1),
-                           torch.ops.draftsman.kquant_records_mm(xb, packed, TYPE_I8_ROW, 40, 0))
+        assert torch.equal(torch.ops.draftsman.kquant_records_mm(xb, packed, qtype, 40, 1),
+                           torch.ops.draftsman.kquant_records_mm(xb, packed, qtype, 40, 0))
 
 
 @records
@@ -267,8 +279,18 @@ def test_q4_runs_q5_0_and_q8_0_matrices_as_stored_on_records(monkeypatch):
 
 
 @pytest.mark.skipif(not records_swiglu(), reason="no AVX-512 VNNI records here")
-@pytest.mark.parametrize("tile_rows", I8_PATHS)
+@pytest.mark.parametrize("tile_rows", PATHS)
 def test_int8_rows_give_silu_mul_of_the_product_in_one_call_bit_for_bit(tile_rows):
     """--dtype q8's gate/up projection (int8 rows, a half record at width 896: the 0.5B's)."""
     matrix = Int8RecordsMatrix(torch.randn(96, 896) * 0.05)
     assert_swiglu_is_silu_mul_of_the_product(matrix.packed, TYPE_I8_ROW, 96, 896, tile_rows)
+
+
+@pytest.mark.skipif(not records_swiglu(), reason="no AVX-512 VNNI records here")
+@pytest.mark.parametrize("tile_rows", PATHS)
+def test_q8_0_blocks_give_silu_mul_of_the_product_in_one_call_bit_for_bit(tile_rows):
+    """--dtype q4's gate/up projection of the 0.5B (Q5_0 as Q8_0 blocks, half a record at
+    width 896)."""
+    packed = torch.ops.draftsman.kquant_pack_records(
+        torch.from_numpy(random_blocks(Q.Q8_0, 96, 896, seed=21)), int(Q.Q8_0))
+    assert_swiglu_is_silu_mul_of_the_product(packed, int(Q.Q8_0), 96, 896, tile_rows)

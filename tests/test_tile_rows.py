@@ -36,9 +36,11 @@ def test_a_hand_set_row_count_is_checked(monkeypatch):
             tr._from_env()
 
 
-def test_q8_0_records_never_take_tiles(monkeypatch):
+def test_every_records_type_takes_tiles_where_amx_runs_and_no_other(monkeypatch):
     monkeypatch.setenv(tr.ENV, "4")
-    assert tr.tile_rows(8) == 0  # Q8_0: per-32 float scales
+    for qtype in (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, tr.I8_ROW):
+        assert tr.tile_rows(qtype) == (4 if kquant_amx() else 0)
+    assert tr.tile_rows(GGMLType.Q4_0) == 0  # no records: the packed int4 fallback
 
 
 @pytest.mark.skipif(not kquant_amx(), reason="no AMX-INT8 tiles on this CPU (or not granted)")

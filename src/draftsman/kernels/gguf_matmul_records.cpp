@@ -44,7 +44,7 @@
 
 #include "kquant_records_avx2.h"
 #include "kquant_records_parts.h"
-#include "q8_records.h"
+#include "byte_tiles.h"
 #include "kquant_records_pairs.h"
 #include "simd_math.h"
 
@@ -53,7 +53,6 @@ namespace {
 using namespace draftsman_kquant;
 using namespace draftsman_amx;
 
-constexpr int TILE_ROWS = 16;  // activation rows per tile
 // Where AMX runs, the caller says from how many rows the tiles take over from vpdpbusd (the
 // same exact sums either way): the crossing differs between AMX CPUs (tiles faster from 6
 // rows on one Xeon, from 16 on an Emerald Rapids core, bench-results/host-amx-h200), so
@@ -403,107 +402,7 @@ void q6k_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, bool /*half
 // A block type's pieces for the group loops below: its record size, per-column factors,
 // weight sources and block step on vectors (their sums added up by Sum), and (AMX) its tile
 // path.
-inline const uint8_t* quants(const Q8Block* xb) {
-  return reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q);
-}
 
-#if DRAFTSMAN_AMX
-// One group of 16 int8 rows (TYPE_I8_ROW) against `rows` activation rows on AMX-INT8 tiles.
-// Nothing to unpack: a record's weights (q + 128, each 64-byte line 4 k x 16 columns, two
-// blocks of 32 k = 16 lines) are already the B operand of a 64-k tile product, loaded from the
-// record itself. Per record and tile of rows, its PAIRS products sum C = sum_k x_q (q + 128);
-// each row adds both offsets, C + i8_offsets[0] + i8_offsets[1], the integer that the vector
-// path's two accumulators (q8_records.h) add up to, and the same float multiply-add follows:
-// the same bits alone, in any batch and on either path.
-//
-// One tile of rows (a verify's 16 at most) keeps each row's 16 sums in a register across the
-// blocks (i8_one_tile): the same multiply-adds in the same order, without a load and a store
-// of every row's sums at every block (16 rows of the 0.5B's 151936 x 896 head from cache
-// 4.18 -> 3.81 ms, from memory 6.01 -> 5.91, medians of 8 alternated rounds;
-// bench-results/amx-q8-registers).
-
-// C = one record's products against the tile of rows at xt (its PAIRS 64-k products), to cbuf
-inline void i8_record_tile(const uint8_t* w, const Q8Block* xt, int pairs, int64_t xstride, int32_t* cbuf) {
-  _tile_zero(0);
-  for (int p = 0; p < pairs; ++p) {
-    _tile_loadd(2, quants(xt) + 64 * p, xstride);
-    // each weight is read once a forward: loaded with the streaming hint (tileloaddt1,
-    // data of little reuse), the 1.5B q8's 16-row forward after 256 tokens took 66.3 / 68.4
-    // / 69.6 / 71.0 ms against 68.8 / 69.6 / 73.2 / 76.3 with plain loads, alternated in
-    // 4 pairs (bench-results/profile-amx-stream-loads/q8-stream-loads-ab.txt); the same bits
-    _tile_stream_loadd(4, w + I8_OFF_Q + 1024 * p, 64);
-    _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
-  }
-  _tile_stored(0, cbuf, 64);
-}
-
-// a row's sums after one more record: sums + (d_w d_x) float(C + both offsets). |C| <= 256 *
-// 127 * 255 and the offsets cancel the 128s: exact in int32
-inline __m512 i8_row_step(const int32_t* crow, const Q8Block& xb, __m512 d, __m512 sums) {
-  const __m512i c = _mm512_add_epi32(_mm512_load_si512(crow), _mm512_set1_epi32(xb.i8_offsets[0] + xb.i8_offsets[1]));
-  return _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(c), sums);
-}
-
-// the record 8 ahead spread over the rows (4 lines a row: a tile of 16 rows issues the whole
-// record), not one burst at its end that stalls on the fill buffers
-inline void i8_row_prefetch(RecordPrefetch& ahead) {
-  for (int l = 0; l < 4; ++l) ahead.line();
-}
-
-void i8_one_tile(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
-                 int64_t block_step, int rows, float* acc) {
-  alignas(64) int32_t cbuf[TILE_ROWS * COLS];
-  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  __m512 sums[TILE_ROWS];
-#pragma GCC unroll 16
-  for (int m = 0; m < TILE_ROWS; ++m) sums[m] = m < rows ? _mm512_loadu_ps(acc + COLS * m) : _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const bool last_half = half && b == nb - 1;
-    RecordPrefetch ahead(w, record_bytes(TYPE_I8_ROW));
-    const I8Scales s(w);
-    const Q8Block* xt = x + b * block_step;
-    i8_record_tile(w, xt, last_half ? HALF_PAIRS : 4, xstride, cbuf);
-#pragma GCC unroll 16
-    for (int m = 0; m < TILE_ROWS; ++m) {
-      if (m < rows) {
-        i8_row_prefetch(ahead);
-        sums[m] = i8_row_step(cbuf + COLS * m, xt[m * row_step], s.d, sums[m]);
-      }
-    }
-    ahead.rest();
-    w += last_half ? half_record_bytes(TYPE_I8_ROW) : record_bytes(TYPE_I8_ROW);
-  }
-#pragma GCC unroll 16
-  for (int m = 0; m < TILE_ROWS; ++m) {
-    if (m < rows) _mm512_storeu_ps(acc + COLS * m, sums[m]);
-  }
-}
-
-void i8_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, int64_t row_step,
-                    int64_t block_step, int rows, float* acc) {
-  if (rows <= TILE_ROWS) return i8_one_tile(w, x, nb, half, row_step, block_step, rows, acc);
-  alignas(64) int32_t cbuf[TILE_ROWS * COLS];
-  const int ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
-  const int64_t xstride = row_step * static_cast<int64_t>(sizeof(Q8Block));
-  for (int64_t b = 0; b < nb; ++b) {
-    const bool last_half = half && b == nb - 1;
-    RecordPrefetch ahead(w, record_bytes(TYPE_I8_ROW));
-    const I8Scales s(w);
-    for (int t = 0; t < ntiles; ++t) {
-      const Q8Block* xt = x + t * TILE_ROWS * row_step + b * block_step;
-      i8_record_tile(w, xt, last_half ? HALF_PAIRS : 4, xstride, cbuf);
-      const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
-      for (int m = 0; m < tile_rows; ++m) {
-        i8_row_prefetch(ahead);
-        float* a = acc + COLS * (t * TILE_ROWS + m);
-        _mm512_storeu_ps(a, i8_row_step(cbuf + COLS * m, xt[m * row_step], s.d, _mm512_loadu_ps(a)));
-      }
-    }
-    ahead.rest();
-    w += last_half ? half_record_bytes(TYPE_I8_ROW) : record_bytes(TYPE_I8_ROW);
-  }
-}
-#endif
 
 template <typename Sum>
 struct Q4kPath {
@@ -653,13 +552,17 @@ void group(const uint8_t* w, const uint8_t* then, const Q8Block* x, int64_t nb, 
   group_on_vectors<P<FloatSum>>(w, then, x, nb, half, row_step, block_step, rows, acc);
 }
 
-// int8 rows: on tiles where the caller asks (AMX, enough rows), else on vectors; the same bits.
-inline void i8_group(const uint8_t* w, const uint8_t* then, const Q8Block* x, int64_t nb, bool half,
-                     int64_t row_step, int64_t block_step, int rows, bool tiles, float* acc) {
+// 8-bit records (Q8_0 blocks, int8 rows): on tiles where the caller asks (AMX, enough rows),
+// else on vectors; the same bits.
+inline void byte_group(int64_t qtype, const uint8_t* w, const uint8_t* then, const Q8Block* x, int64_t nb,
+                       bool half, int64_t row_step, int64_t block_step, int rows, bool tiles, float* acc) {
+  const bool q8_0 = qtype == TYPE_Q8_0;
 #if DRAFTSMAN_AMX
+  if (tiles && q8_0) return q8_group_tiles(w, x, nb, half, row_step, block_step, rows, acc);
   if (tiles) return i8_group_tiles(w, x, nb, half, row_step, block_step, rows, acc);
 #endif
   (void)tiles;
+  if (q8_0) return group_on_vectors<BytePath<Q8Scales>>(w, then, x, nb, half, row_step, block_step, rows, acc);
   group_on_vectors<BytePath<I8Scales>>(w, then, x, nb, half, row_step, block_step, rows, acc);
 }
 
@@ -786,10 +689,8 @@ void groups_product(int64_t qtype, const Unit& u, const Q8Block* x, int64_t nb, 
     const uint8_t* then = i == 0 && u.count == 2 ? u.b : u.a + u.next;
     if (qtype == TYPE_Q4_K) {
       group<Q4kPath>(w, then, x, nb, half, row_step, block_step, rows, tile_rows, acc);
-    } else if (qtype == TYPE_Q8_0) {
-      group_on_vectors<BytePath<Q8Scales>>(w, then, x, nb, half, row_step, block_step, rows, acc);
-    } else if (qtype == TYPE_I8_ROW) {
-      i8_group(w, then, x, nb, half, row_step, block_step, rows, tiles, acc);
+    } else if (qtype == TYPE_Q8_0 || qtype == TYPE_I8_ROW) {
+      byte_group(qtype, w, then, x, nb, half, row_step, block_step, rows, tiles, acc);
     } else {
       group<Q6kPath>(w, then, x, nb, half, row_step, block_step, rows, tile_rows, acc);
     }
@@ -963,9 +864,7 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
   const int64_t ldy = y.size(1);
 #if DRAFTSMAN_RECORDS
   // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
-  // 8-bit records: vectors only
-  // Q8_0's per-block float scales do not fold into integer tiles: vectors only
-  const bool tiles = tile_rows > 0 && m >= tile_rows && qtype != TYPE_Q8_0;
+  const bool tiles = tile_rows > 0 && m >= tile_rows;
   const int64_t tiled = m > TILE_ROWS ? (m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS : m;
   [[maybe_unused]] const int tile_height = static_cast<int>(std::min<int64_t>(m, TILE_ROWS));
   // Many tiles: blocks laid out block-major (row m's block b at b * tiled + m), so that the
@@ -991,7 +890,7 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
   const int64_t acc_step = tiled * COLS, group_bytes = packed.size(1);
   const auto work = [&](int64_t begin, int64_t end) {
 #if DRAFTSMAN_AMX
-    if (tiles) configure_tiles(tile_height);
+    if (tiles) configure_tiles(tile_height, qtype == TYPE_Q8_0 ? 32 : 64);
 #endif
     thread_local std::vector<float> buf;  // grows only, as xs; rows 64-byte aligned
     const int64_t floats = per_unit * acc_step + COLS;
@@ -1081,7 +980,7 @@ int64_t slice_rows(int64_t nb) {
 }
 
 // y[:, col:col + n] = x W^T into y [M, >= col + n] (rows y.size(1) apart), in x's dtype.
-// tile_rows: from how many rows Q4_K, Q6_K and int8 rows take AMX tiles (0: vectors only, as a CPU
+// tile_rows: from how many rows Q4_K, Q6_K, Q8_0 and int8 rows take AMX tiles (0: vectors only, as a CPU
 // without AMX; the bits are the same whatever it is, once it is not 0).
 // swiglu: W's rows are a gate half and an up half (n / 2 each, whole groups), and y[:, :n / 2]
 // gets silu(gate) * up instead, each unit of work a gate group and its up group (the bits of
@@ -1136,7 +1035,7 @@ at::Tensor kquant_records_swiglu(const at::Tensor& x, const at::Tensor& packed, 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
-  // tile_rows: from how many rows Q4_K, Q6_K, int8 rows take AMX tiles (0: vectors, as without AMX)
+  // tile_rows: from how many rows Q4_K, Q6_K, Q8_0, int8 rows take AMX tiles (0: vectors, as without AMX)
   m.def("kquant_records_mm(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");
   m.def("kquant_records_mm_out(Tensor x, Tensor packed, int qtype, int n, int tile_rows, Tensor(a!) out, int col) -> ()");
   m.def("kquant_records_swiglu(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");

@@ -41,6 +41,7 @@ using draftsman_kquant::TYPE_Q6_K;
 using draftsman_kquant::TYPE_Q8_0;
 
 constexpr int COLS = 16;       // weight rows per group: a tile's 16 int32 columns
+constexpr int TILE_ROWS = 16;  // activation rows per tile
 constexpr int OFF_D = 0, OFF_DMIN = 32, OFF_SC = 64, OFF_MIN = 192, OFF_Q = 320;
 constexpr int RECORD = 2368;  // Q4_K bytes per (group, block)
 constexpr int Q6_OFF_D = 0, Q6_OFF_SC = 32, Q6_OFF_QL = 288, Q6_OFF_QH = 2336;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "kquant_records.h"
@@ -77,18 +78,24 @@ class RecordPrefetch {
   const char* last_;
 };
 
-// The tile configuration of both paths: tmm0/1 the two sums (`rows` x 16 int32), tmm2/3 A
-// (`rows` x 64 int8: 64 k), tmm4-7 B (16 x 64: 64 k x 16 columns in VNNI order), the two
-// operands of two runs of 64 k. Tile state is per thread: each thread configures its own.
+// A row's int8 activations in its block (the tiles' A operand, the vectors' broadcasts).
+inline const uint8_t* quants(const Q8Block* xb) {
+  return reinterpret_cast<const uint8_t*>(xb) + offsetof(Q8Block, q);
+}
+
+// The tile configuration of every path: tmm0/1 two sums (`rows` x 16 int32), tmm2/3 A
+// (`rows` x k int8), tmm4-7 B (k / 4 x 64: k x 16 columns in VNNI order), the operands of
+// two runs of k. k = 64 (a tile product's most) but for Q8_0, whose blocks of 32 k each have
+// their own scale (byte_tiles.h). Tile state is per thread: each thread configures its own.
 #if DRAFTSMAN_AMX
-inline void configure_tiles(int rows) {
+inline void configure_tiles(int rows, int k = 64) {
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) {
     cfg.rows[t] = static_cast<uint8_t>(rows);
-    cfg.colsb[t] = 64;
+    cfg.colsb[t] = static_cast<uint16_t>(t < 2 ? 64 : k);
   }
   for (int t = 4; t < 8; ++t) {
-    cfg.rows[t] = 16;
+    cfg.rows[t] = static_cast<uint8_t>(k / 4);
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);

@@ -35,7 +35,7 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
                  "simd_math.h", "attention_amx.h", "attention_bf16.h", "bf16_key_pairs.h",
-                 "q8_records.h", "check_message.h", "kquant_records_avx2.h",
+                 "q8_records.h", "byte_tiles.h", "check_message.h", "kquant_records_avx2.h",
                  "kquant_records_pairs.h", "env_switch.h"))
 _reason: list[str] = []
 

@@ -1,6 +1,6 @@
 """From how many activation rows the records kernel takes AMX tiles here: measured, not assumed.
 
-On an AMX CPU a Q4_K, Q6_K or int8-row product of few rows runs on `vpdpbusd` vectors and of
+On an AMX CPU a Q4_K, Q6_K, Q8_0 or int8-row product of few rows runs on `vpdpbusd` vectors and of
 many rows on AMX-INT8 tiles; both add the same integers in int32, so the bits do not depend on
 which ran and the choice is speed alone. Where the two cross differs between CPUs: tiles were
 faster from 6 rows on one Xeon, from 16 on an Emerald Rapids core (bench-results/
@@ -30,7 +30,7 @@ from draftsman.kernels.random_blocks import random_block_rows
 from draftsman.store.home import draftsman_home
 
 ENV = "DRAFTSMAN_KQUANT_TILE_ROWS"
-TILED = (GGMLType.Q4_K, GGMLType.Q6_K, I8_ROW)  # Q8_0's per-block float scales keep it on vectors
+TILED = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, I8_ROW)
 ROWS = (4, 6, 8, 10, 12, 14, 16)  # the tiles always take more than 16 rows
 SHAPE = (8960, 1536)  # the 1.5B's ffn_down width and gate width: ~8-11 MiB, past L2
 REPEATS = 9
@@ -118,7 +118,7 @@ def _measured(threads: int) -> dict[int, int]:
 
 def tile_rows(qtype: int) -> int:
     """`kquant_records_mm`'s tile_rows for a `qtype` matrix in this process: 0 where the
-    tiles do not run (no AMX, DRAFTSMAN_KQUANT_AMX=0, Q8_0 records), else the row count from
+    tiles do not run (no AMX, DRAFTSMAN_KQUANT_AMX=0), else the row count from
     which they take over (the environment's, or this machine's measured crossing)."""
     if qtype not in TILED or not kquant_amx():
         return 0
@@ -135,6 +135,7 @@ def describe() -> str:
     by_hand = _from_env()
     if by_hand is not None:
         return f"AMX-INT8 tiles from {by_hand} rows ({ENV})"
-    q4, q6, i8 = (tile_rows(q) for q in TILED)
-    return (f"AMX-INT8 tiles from {q4} rows (Q4_K), {q6} (Q6_K) and {i8} (int8 rows), "
+    q4, q6, q8, i8 = (tile_rows(q) for q in TILED)
+    return (f"AMX-INT8 tiles from {q4} rows (Q4_K), {q6} (Q6_K), {q8} (Q8_0) and {i8} "
+            "(int8 rows), "
             f"measured on this machine ({cache_path(torch.get_num_threads()).name})")

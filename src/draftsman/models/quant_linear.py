@@ -102,8 +102,8 @@ class KQuantRecordsMatrix(nn.Module):
     (`draftsman::kquant_records_mm`, kernels/gguf_matmul_records.cpp): K-quants with the
     same integer sums as KQuantMatrix, each record read once for every activation row, 16
     columns a vpdpbusd (AVX-512 VNNI; 8 a vpmaddubsw on AVX2 alone, Q4_K and Q6_K only) and,
-    where `tiles` (AMX; not Q8_0), 16 rows x 16 columns x 64 k a tile multiply, so verifying
-    many rows costs little more than one.
+    where `tiles` (AMX), 16 rows x 16 columns x 64 k (Q8_0: 32, a block) a tile multiply, so
+    verifying many rows costs little more than one.
     Batch invariant like every kernel here. `width`: the matrix's own K where its blocks are
     zero-padded past it (a width ending within 128 of a block's start packs a half last
     record, kernels/kquant_records.h; None: the blocks' width)."""
@@ -115,7 +115,7 @@ class KQuantRecordsMatrix(nn.Module):
         self.register_buffer("packed", torch.ops.draftsman.kquant_pack_records(
             rows, self.qtype, -1 if width is None else width))
         self.out_features = rows.shape[0]
-        self.tiles = kquant_amx() and self.qtype != Q8_0
+        self.tiles = kquant_amx()
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
