@@ -558,8 +558,8 @@ inline void byte_group(int64_t qtype, const uint8_t* w, const uint8_t* then, con
                        bool half, int64_t row_step, int64_t block_step, int rows, bool tiles, float* acc) {
   const bool q8_0 = qtype == TYPE_Q8_0;
 #if DRAFTSMAN_AMX
-  if (tiles && q8_0) return q8_group_tiles(w, x, nb, half, row_step, block_step, rows, acc);
-  if (tiles) return i8_group_tiles(w, x, nb, half, row_step, block_step, rows, acc);
+  if (tiles && q8_0) return byte_group_tiles<Q8Tiles>(w, x, nb, half, row_step, block_step, rows, acc);
+  if (tiles) return byte_group_tiles<I8Tiles>(w, x, nb, half, row_step, block_step, rows, acc);
 #endif
   (void)tiles;
   if (q8_0) return group_on_vectors<BytePath<Q8Scales>>(w, then, x, nb, half, row_step, block_step, rows, acc);
@@ -890,7 +890,8 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
   const int64_t acc_step = tiled * COLS, group_bytes = packed.size(1);
   const auto work = [&](int64_t begin, int64_t end) {
 #if DRAFTSMAN_AMX
-    if (tiles) configure_tiles(tile_height, qtype == TYPE_Q8_0 ? 32 : 64);
+    if (tiles && qtype == TYPE_Q8_0) Q8Tiles::configure(tile_height);
+    if (tiles && qtype != TYPE_Q8_0) configure_tiles(tile_height);
 #endif
     thread_local std::vector<float> buf;  // grows only, as xs; rows 64-byte aligned
     const int64_t floats = per_unit * acc_step + COLS;
