@@ -28,16 +28,22 @@ struct I8Tiles {
   static constexpr int64_t QTYPE = TYPE_I8_ROW;
   static constexpr int CBUF = TILE_ROWS * COLS;
   using Scales = I8Scales;
+  // a record's B operands: its own lines
+  struct Operands {
+    const uint8_t* w;
+    bool half;
+    Operands(const uint8_t* record, bool half_record) : w(record), half(half_record) {}
+  };
   static void configure(int rows) { configure_tiles(rows); }
-  static void record(const uint8_t* w, const Q8Block* xt, bool half, int64_t xstride, int32_t* cbuf) {
+  static void record(const Operands& b, const Q8Block* xt, int64_t xstride, int32_t* cbuf) {
     _tile_zero(0);
-    for (int p = 0; p < (half ? HALF_PAIRS : 4); ++p) {
+    for (int p = 0; p < (b.half ? HALF_PAIRS : 4); ++p) {
       _tile_loadd(2, quants(xt) + 64 * p, xstride);
       // each weight is read once a forward: loaded with the streaming hint (tileloaddt1,
       // data of little reuse), the 1.5B q8's 16-row forward after 256 tokens took 66.3 / 68.4
       // / 69.6 / 71.0 ms against 68.8 / 69.6 / 73.2 / 76.3 with plain loads, alternated in
       // 4 pairs (bench-results/profile-amx-stream-loads/q8-stream-loads-ab.txt); the same bits
-      _tile_stream_loadd(4, w + I8_OFF_Q + 1024 * p, 64);
+      _tile_stream_loadd(4, b.w + I8_OFF_Q + 1024 * p, 64);
       _tile_dpbsud(0, 2, 4);  // signed activations x unsigned weights
     }
     _tile_stored(0, cbuf, 64);
@@ -50,26 +56,40 @@ struct I8Tiles {
 };
 
 // Q8_0 blocks: each block of 32 k has its own float16 scale, so each is a 32-k product of its
-// own (configure_tiles(rows, 32)). Per record, tile of rows and block j,
-//   C_j = sum_k x_q (q + 128)   (the tile),  C_j + q8_offsets[j] = sum_k x_q q,
-// the integer of the vector path's accumulators (q8_records.h), and a row then takes the
-// vectors' float steps in their order: isum = fma(C_j, d_j, isum) for j = 0.., then
-// sums = fma(d_x, isum, sums).
+// own (configure_tiles(rows, 32)). The record's bytes q + 128 become q once per record (the
+// top bit flipped), the B operands of signed x signed products, so that per record, tile of
+// rows and block j
+//   C_j = sum_k x_q q   (the tile; the vector path's accumulators, which start at
+//                        q8_offsets[j] to undo the 128s, q8_records.h),
+// and a row then takes the vectors' float steps in their order: isum = fma(C_j, d_j, isum)
+// for j = 0.., then sums = fma(d_x, isum, sums). Flipping the bits (3 operations a line,
+// shared by every tile of rows) saves each row and block the offset's broadcast and addition.
 struct Q8Tiles {
   static constexpr int64_t QTYPE = TYPE_Q8_0;
   static constexpr int CBUF = 8 * TILE_ROWS * COLS;  // C_j at cbuf + j * 256
   using Scales = Q8Scales;
+  struct Operands {
+    alignas(64) uint8_t b[8 * 512];  // block j's 8 lines at b + 512 j
+    int blocks;
+    Operands(const uint8_t* record, bool half) : blocks(half ? 2 * HALF_PAIRS : 8) {
+      const __m512i top = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int l = 0; l < 8 * blocks; ++l) {
+        const __m512i v = _mm512_loadu_si512(record + Q8_OFF_Q + 64 * l);
+        _mm512_store_si512(b + 64 * l, _mm512_xor_si512(v, top));
+      }
+    }
+  };
   static void configure(int rows) { configure_tiles(rows, 32); }
-  static void record(const uint8_t* w, const Q8Block* xt, bool half, int64_t xstride, int32_t* cbuf) {
-    for (int j = 0; j < (half ? 2 * HALF_PAIRS : 8); j += 2) {
+  static void record(const Operands& w, const Q8Block* xt, int64_t xstride, int32_t* cbuf) {
+    for (int j = 0; j < w.blocks; j += 2) {
       _tile_zero(0);
       _tile_zero(1);
       _tile_loadd(2, quants(xt) + 32 * j, xstride);
-      _tile_stream_loadd(4, w + Q8_OFF_Q + 512 * j, 64);  // read once a forward, as I8Tiles
-      _tile_dpbsud(0, 2, 4);
+      _tile_loadd(4, w.b + 512 * j, 64);
+      _tile_dpbssd(0, 2, 4);
       _tile_loadd(3, quants(xt) + 32 * (j + 1), xstride);
-      _tile_stream_loadd(5, w + Q8_OFF_Q + 512 * (j + 1), 64);
-      _tile_dpbsud(1, 3, 5);
+      _tile_loadd(5, w.b + 512 * (j + 1), 64);
+      _tile_dpbssd(1, 3, 5);
       _tile_stored(0, cbuf + TILE_ROWS * COLS * j, 64);
       _tile_stored(1, cbuf + TILE_ROWS * COLS * (j + 1), 64);
     }
@@ -79,8 +99,7 @@ struct Q8Tiles {
     __m512 isum = _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int j = 0; j < BLOCKS; ++j) {
-      const __m512i c = _mm512_add_epi32(_mm512_load_si512(cbuf + TILE_ROWS * COLS * j + COLS * m),
-                                         _mm512_set1_epi32(xb.q8_offsets[j]));
+      const __m512i c = _mm512_load_si512(cbuf + TILE_ROWS * COLS * j + COLS * m);
       isum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), s.d[j], isum);
     }
     return _mm512_fmadd_ps(_mm512_set1_ps(xb.d), isum, sums);
@@ -114,7 +133,8 @@ void byte_one_tile(const uint8_t* w, const Q8Block* x, int64_t nb, bool half, in
     RecordPrefetch ahead(w, record_bytes(K::QTYPE));
     const typename K::Scales s(w);
     const Q8Block* xt = x + b * block_step;
-    K::record(w, xt, last_half, xstride, cbuf);
+    const typename K::Operands ops(w, last_half);
+    K::record(ops, xt, xstride, cbuf);
 #pragma GCC unroll 16
     for (int m = 0; m < TILE_ROWS; ++m) {
       if (m < rows) {
@@ -143,9 +163,10 @@ void byte_group_tiles(const uint8_t* w, const Q8Block* x, int64_t nb, bool half,
     const bool last_half = half && b == nb - 1;
     RecordPrefetch ahead(w, record_bytes(K::QTYPE));
     const typename K::Scales s(w);
+    const typename K::Operands ops(w, last_half);
     for (int t = 0; t < ntiles; ++t) {
       const Q8Block* xt = x + t * TILE_ROWS * row_step + b * block_step;
-      K::record(w, xt, last_half, xstride, cbuf);
+      K::record(ops, xt, xstride, cbuf);
       const int tile_rows = std::min(TILE_ROWS, rows - t * TILE_ROWS);
       for (int m = 0; m < tile_rows; ++m) {
         byte_row_prefetch(ahead);
