@@ -1,5 +1,5 @@
-"""Prefill of a random N-token prompt on the 1.5B q4, 2 threads, timed R times:
-python prefill.py N R (one line a prefill: N, ms, ms a token)."""
+"""Prefill of a random N-token prompt on the 1.5B q4 (or MODEL), 2 threads, timed R times:
+python prefill.py N R [MODEL] (one line a prefill: N, ms, ms a token)."""
 
 import sys
 import time
@@ -14,8 +14,9 @@ NAME = "qwen2.5-coder-1.5b-instruct"
 
 def main() -> None:
     torch.set_num_threads(2)
-    model = load_model(resolve_model(NAME, pull=False), "q4", gguf=resolve_gguf(NAME, pull=False))
     n, repeats = int(sys.argv[1]), int(sys.argv[2])
+    name = sys.argv[3] if len(sys.argv) > 3 else NAME
+    model = load_model(resolve_model(name, pull=False), "q4", gguf=resolve_gguf(name, pull=False))
     ids = torch.randint(0, 1000, (1, n))
     for _ in range(repeats):
         cache = model.new_cache(n + 32)

@@ -445,7 +445,7 @@ struct Q6kPath {
 #endif
 };
 
-// The 8-bit records (q8_records.h), vectors only: Q8_0 blocks (Scales = Q8Scales, one float16
+// The 8-bit records (q8_records.h) on vectors (their tiles: byte_tiles.h): Q8_0 blocks (Scales = Q8Scales, one float16
 // scale per 32 folded per block) and int8 rows (I8Scales, one integer per record and row).
 // Q8_0: 8 rows in registers (two accumulators each, 2 weight vectors); int8 rows: 16 (one
 // accumulator each past 8); more take passes over the record in L1, which has nothing to

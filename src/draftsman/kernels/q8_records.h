@@ -13,9 +13,8 @@
 // 127 < 2^24, exact as a float), then acc = acc + (d[n] d_x[m]) C: per row and record 64
 // vpdpbusd and 3 other vector operations instead of Q8_0's 64 and 19.
 // Every row's arithmetic is its own, in a fixed order, on every CPU with the records, so a
-// row's output is the same alone or in any batch and thread count. Q8_0 stays on vectors (its
-// per-block float scales do not fold into integer tiles); int8 rows take AMX tiles where the
-// caller asks (i8_group_tiles in gguf_matmul_records.cpp: the same integer, the same bits).
+// row's output is the same alone or in any batch and thread count. Both take AMX tiles where
+// the caller asks (byte_tiles.h: the same integers and float steps, the same bits).
 #pragma once
 
 #include "kquant_records_parts.h"

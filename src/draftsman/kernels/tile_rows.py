@@ -35,7 +35,7 @@ ROWS = (4, 6, 8, 10, 12, 14, 16)  # the tiles always take more than 16 rows
 # Q8_0 takes tiles past one tile of rows only (a prompt, a batched step): each of its blocks
 # has its own scale, so each row pays a finish per 32 k. One matrix from cache measured its
 # tiles faster from 10 rows, but in the 0.5B q4's forward (most of its bytes Q8_0) 16 rows ran
-# slower on them than on vectors (33.1 against 31.1 ms) and 64 rows faster (68.9 against 86.9;
+# slower on them than on vectors (33.3 against 31.1 ms) and 64 rows faster (69.0 against 86.9;
 # bench-results/amx-q8-0-tiles).
 PAST_A_TILE = (GGMLType.Q8_0,)
 SHAPE = (8960, 1536)  # the 1.5B's ffn_down width and gate width: ~8-11 MiB, past L2
