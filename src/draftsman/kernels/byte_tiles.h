@@ -18,12 +18,14 @@ namespace draftsman_amx {
 // neither inlines nor specialises them (the 0.5B q8's 16 rows ~0.8 ms slower a forward).
 namespace {
 
-// A kind of 8-bit record on tiles (I8Tiles, Q8Tiles): its configuration, a record's products
-// against a tile of rows into a buffer of int32 sums, and a row's step from those sums.
+// A kind of 8-bit record on tiles (I8Tiles, Q8Tiles): its configuration, a record's B
+// operands, their products against a tile of rows into int32 sums, and a row's step from
+// those sums.
 
 // int8 rows (TYPE_I8_ROW): C = one record's PAIRS 64-k products against the tile of rows at
-// xt, to cbuf (two blocks of 32 k = 16 lines of the record, the B operand); a row's step: sums + (d_w d_x) float(C + both offsets). |C| <= 256 * 127 * 255 and the
-// offsets cancel the 128s: exact in int32.
+// xt, to cbuf (each 64 k = 16 lines of the record, the B operand); a row's step:
+// sums + (d_w d_x) float(C + both offsets). |C| <= 256 * 127 * 255 and the offsets cancel
+// the 128s: exact in int32.
 struct I8Tiles {
   static constexpr int64_t QTYPE = TYPE_I8_ROW;
   static constexpr int CBUF = TILE_ROWS * COLS;
