@@ -177,15 +177,16 @@ def test_8_bit_records_on_tiles_give_the_vectors_bits(k, qtype):
     """The tiles sum the same integer per record and row (int8 rows: per record; Q8_0: per
     block of 32) as the vectors, whole and half records, and the rows take the vectors' float
     steps in their order: an AMX CPU computes what a VNNI CPU does, bit for bit, wherever the
-    tiles start; an outlier row and 40 columns (a short last group) included."""
+    tiles start and whether the tiles stream the record's lines or flip them (several tiles of
+    rows); an outlier row and 40 columns (a short last group) included."""
     if qtype == TYPE_I8_ROW:
         packed = Int8RecordsMatrix(torch.randn(40, k) * torch.logspace(-2, 0, 40)[:, None]).packed
     else:
         packed = torch.ops.draftsman.kquant_pack_records(
             torch.from_numpy(random_blocks(Q.Q8_0, 40, k, seed=k)), qtype)
-    x = torch.randn(37, k)
+    x = torch.randn(70, k)
     x[3] *= 100
-    for m in (1, 2, 5, 9, 16, 17, 21, 37):
+    for m in (1, 2, 5, 9, 16, 17, 21, 37, 49, 70):
         xm = x[:m].contiguous()
         want = torch.ops.draftsman.kquant_records_mm(xm, packed, qtype, 40, 0)
         for tile_rows in (1, 8, 16, 17):
