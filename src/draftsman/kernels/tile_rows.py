@@ -30,14 +30,8 @@ from draftsman.kernels.random_blocks import random_block_rows
 from draftsman.store.home import draftsman_home
 
 ENV = "DRAFTSMAN_KQUANT_TILE_ROWS"
-TILED = (GGMLType.Q4_K, GGMLType.Q6_K, I8_ROW)  # where the crossing is measured
+TILED = (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, I8_ROW)
 ROWS = (4, 6, 8, 10, 12, 14, 16)  # the tiles always take more than 16 rows
-# Q8_0 takes tiles past one tile of rows only (a prompt, a batched step): each of its blocks
-# has its own scale, so each row pays a finish per 32 k. One matrix from cache measured its
-# tiles faster from 10 rows, but in the 0.5B q4's forward (most of its bytes Q8_0) 16 rows ran
-# slower on them than on vectors (33.3 against 31.1 ms) and 64 rows faster (69.0 against 86.9;
-# bench-results/amx-q8-0-tiles).
-PAST_A_TILE = (GGMLType.Q8_0,)
 SHAPE = (8960, 1536)  # the 1.5B's ffn_down width and gate width: ~8-11 MiB, past L2
 REPEATS = 9
 
@@ -126,13 +120,11 @@ def tile_rows(qtype: int) -> int:
     """`kquant_records_mm`'s tile_rows for a `qtype` matrix in this process: 0 where the
     tiles do not run (no AMX, DRAFTSMAN_KQUANT_AMX=0), else the row count from
     which they take over (the environment's, or this machine's measured crossing)."""
-    if qtype not in TILED + PAST_A_TILE or not kquant_amx():
+    if qtype not in TILED or not kquant_amx():
         return 0
     by_hand = _from_env()
     if by_hand is not None:
         return by_hand
-    if qtype in PAST_A_TILE:
-        return max(ROWS) + 1
     return _measured(torch.get_num_threads())[qtype]
 
 
@@ -143,7 +135,6 @@ def describe() -> str:
     by_hand = _from_env()
     if by_hand is not None:
         return f"AMX-INT8 tiles from {by_hand} rows ({ENV})"
-    q4, q6, i8 = (tile_rows(q) for q in TILED)
-    return (f"AMX-INT8 tiles from {q4} rows (Q4_K), {q6} (Q6_K) and {i8} (int8 rows), "
-            f"measured on this machine ({cache_path(torch.get_num_threads()).name}); "
-            f"Q8_0 past {max(ROWS)} rows")
+    q4, q6, q8, i8 = (tile_rows(q) for q in TILED)
+    return (f"AMX-INT8 tiles from {q4} rows (Q4_K), {q6} (Q6_K), {q8} (Q8_0) and {i8} "
+            f"(int8 rows), measured on this machine ({cache_path(torch.get_num_threads()).name})")
