@@ -5,9 +5,10 @@ kernels/tile_rows.TILED in this process), one line a run: path, ms at each lengt
     python q8_0_paths.py tiles|vectors LENGTHS
 """
 
+import contextlib
+import io
 import json
 import sys
-import tempfile
 
 import draftsman.kernels.tile_rows as tile_rows
 from draftsman.cli.main import main
@@ -15,11 +16,9 @@ from draftsman.cli.main import main
 if sys.argv[1] == "vectors":
     tile_rows.TILED = tuple(q for q in tile_rows.TILED if q != 8)
 lengths = sys.argv[2]
-with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
-    sys.stdout = open(out.name, "w")
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
     main(["profile", "--target", "qwen2.5-coder-0.5b-instruct", "--dtype", "q4", "--threads", "2",
           "--lengths", lengths, "--context", "256", "--repeats", "5", "--json"])
-    sys.stdout.close()
-    sys.stdout = sys.__stdout__
-    latency = json.load(open(out.name))["latency"]
+latency = json.loads(out.getvalue())["latency"]
 print(sys.argv[1], *(round(latency[k] * 1e3, 2) for k in lengths.split(",")))
