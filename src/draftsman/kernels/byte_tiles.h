@@ -65,22 +65,22 @@ inline void weight_product(const uint8_t* b) {
   }
 }
 
-// A kind of 8-bit record on tiles (I8Tiles, Q8Tiles): its configuration, where its weight
-// lines start, their products against a tile of rows into int32 sums, and a row's step from
+// A kind of 8-bit record on tiles (I8Tiles, Q8Tiles): its tile depth (configure_tiles' k),
+// where its weight lines start, their products against a tile of rows into int32 sums, and a row's step from
 // those sums.
 
 // int8 rows (TYPE_I8_ROW): C = one record's PAIRS 64-k products against the tile of rows at
 // xt, to cbuf (each 64 k = 16 lines of the record); a row's step:
 // sums + (d_w d_x) float(C + both offsets). |C| <= 256 * 127 * 255 and the offsets cancel
 // the 128s: exact in int32. Flipped from 4 tiles of rows: 256 rows of 4864 x 896 from cache
-// 1.19-1.23 -> 0.98-1.01 ms, 16 rows 0.095 -> 0.109 (one tile), 64 rows level.
+// 1.19-1.23 -> 0.98-1.01 ms, 64 rows level; a single tile flipped was slower (16 rows 0.095
+// -> 0.109), so it streams.
 struct I8Tiles {
   static constexpr int64_t QTYPE = TYPE_I8_ROW;
   static constexpr int CBUF = TILE_ROWS * COLS;
-  static constexpr int LINES = I8_OFF_Q, FLIP_FROM_TILES = 4;
-  static constexpr int ROW_LINES = 4;  // of the record ahead a row fetches (below: none)
+  static constexpr int DEPTH = 64, LINES = I8_OFF_Q, FLIP_FROM_TILES = 4;
+  static constexpr int ROW_LINES = 4;  // of the record ahead a row fetches (its products none)
   using Scales = I8Scales;
-  static void configure(int rows) { configure_tiles(rows); }
   template <bool FLIPPED>
   static void record(const uint8_t* b, bool half, const Q8Block* xt, int64_t xstride, int32_t* cbuf,
                      RecordPrefetch* /*ahead*/) {  // 4 products: the rows fetch the record ahead
@@ -100,7 +100,7 @@ struct I8Tiles {
 };
 
 // Q8_0 blocks: each block of 32 k has its own float16 scale, so each is a 32-k product of its
-// own (configure_tiles(rows, 32)): per record, tile of rows and block j
+// own (DEPTH 32): per record, tile of rows and block j
 //   C_j = sum_k x_q q   (with the offsets where the lines are streamed: the integer of the
 //                        vector path's accumulators, q8_records.h),
 // and a row then takes the vectors' float steps in their order: isum = fma(C_j, d_j, isum)
@@ -109,14 +109,13 @@ struct I8Tiles {
 struct Q8Tiles {
   static constexpr int64_t QTYPE = TYPE_Q8_0;
   static constexpr int CBUF = 8 * TILE_ROWS * COLS;  // C_j at cbuf + j * 256
-  static constexpr int LINES = Q8_OFF_Q, FLIP_FROM_TILES = 2;
+  static constexpr int DEPTH = 32, LINES = Q8_OFF_Q, FLIP_FROM_TILES = 2;
   // The record ahead: 8 lines a pair of blocks as its products run (32 of its 68) and 2 a row.
   // Fetched by the rows alone, a verify's 16 rows of the 0.5B q4 ran slower on tiles than on
   // vectors (33.3 against 31.1 ms): the tile work of 8 products and 8 stores left the memory
   // idle. With these fetches, 30.2 against 33.0 (bench-results/amx-q8-0-tiles).
   static constexpr int ROW_LINES = 2;
   using Scales = Q8Scales;
-  static void configure(int rows) { configure_tiles(rows, 32); }
   template <bool FLIPPED>
   static void record(const uint8_t* b, bool half, const Q8Block* xt, int64_t xstride, int32_t* cbuf,
                      RecordPrefetch* ahead) {

@@ -890,8 +890,7 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
   const int64_t acc_step = tiled * COLS, group_bytes = packed.size(1);
   const auto work = [&](int64_t begin, int64_t end) {
 #if DRAFTSMAN_AMX
-    if (tiles && qtype == TYPE_Q8_0) Q8Tiles::configure(tile_height);
-    if (tiles && qtype != TYPE_Q8_0) configure_tiles(tile_height);
+    if (tiles) configure_tiles(tile_height, qtype == TYPE_Q8_0 ? Q8Tiles::DEPTH : 64);
 #endif
     thread_local std::vector<float> buf;  // grows only, as xs; rows 64-byte aligned
     const int64_t floats = per_unit * acc_step + COLS;
