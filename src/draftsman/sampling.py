@@ -38,11 +38,22 @@ class SamplingConfig:
         return self.temperature == 0 or self.top_k == 1
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax over the last dim of logits [..., V] (int64 [...]): the first index of the
+    maximum, a NaN counting as the maximum, exactly as `Tensor.argmax(-1)`. On the CPU it is
+    taken as `max(-1).indices`, the same rule through a faster reduction: bf16 logits of
+    16 x 151,936 (a verify's rows) 3.9 -> 0.84 ms, one row 0.49 -> 0.11 ms (an AMX Xeon,
+    2 threads; bench-results/greedy-max). Elsewhere argmax itself."""
+    if logits.device.type == "cpu":
+        return logits.max(-1).indices
+    return logits.argmax(-1)
+
+
 def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """logits [..., V] -> float32 probabilities [..., V] under `config`."""
     logits = logits.float()
     if config.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(greedy_tokens(logits), logits.shape[-1]).float()
     logits = logits / config.temperature
     if config.top_k and config.top_k < logits.shape[-1]:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
@@ -113,5 +124,5 @@ class Sampler:
     def pick_tensor(self, logits: torch.Tensor) -> torch.Tensor:
         """`pick` as a 0-d tensor on the logits' device (no host sync): the same draws."""
         if self.greedy:
-            return logits.argmax()
+            return greedy_tokens(logits)
         return self.draw_tensor(self.probs(logits))

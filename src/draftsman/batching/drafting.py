@@ -24,6 +24,7 @@ import torch
 from draftsman.models.ragged import RaggedCaches, Segment
 from draftsman.proposers.base import Proposal
 from draftsman.proposers.draft_model import DraftModelProposer, probability
+from draftsman.sampling import greedy_tokens
 from draftsman.strategies.step_machine import SpeculativeSteps
 
 
@@ -79,7 +80,7 @@ class _Drafting:
         """The next guess from the draft's logits [V] after the rows just fed."""
         sampler, stop_below = self.machine.sampler, self.machine.policy.stop_below
         if sampler.greedy:
-            token = int(logits.argmax())
+            token = int(greedy_tokens(logits))
             confidence = probability(logits, token) if stop_below is not None else 1.0
         else:
             q = sampler.probs(logits)

@@ -9,7 +9,7 @@ import torch
 from draftsman.models.base import LAST, DecoderLM
 from draftsman.models.protocol import Cache
 from draftsman.proposers.base import Proposal, Proposer
-from draftsman.sampling import Sampler
+from draftsman.sampling import Sampler, greedy_tokens
 from draftsman.state import ModelState
 
 
@@ -56,7 +56,7 @@ class DraftModelProposer(Proposer):
             logits = state.feed(pending, logits_at=LAST).logits[0, -1]
             forwards += 1
             if sampler.greedy:
-                token = int(logits.argmax())
+                token = int(greedy_tokens(logits))
                 confidence = probability(logits, token)
             else:
                 q = sampler.probs(logits)
@@ -82,7 +82,7 @@ class DraftModelProposer(Proposer):
         logits = state.feed(pending, logits_at=LAST).logits[0, -1]
         for i in range(gamma):
             if sampler.greedy:
-                token = logits.argmax()
+                token = greedy_tokens(logits)
             else:
                 q = sampler.probs(logits)
                 token = sampler.draw_tensor(q)

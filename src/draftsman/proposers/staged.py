@@ -27,7 +27,7 @@ import torch
 
 from draftsman.models.base import DecoderLM
 from draftsman.proposers.base import Proposal, Proposer
-from draftsman.sampling import Sampler
+from draftsman.sampling import Sampler, greedy_tokens
 from draftsman.state import ModelState
 from draftsman.verification.chain import verify_greedy, verify_sampling
 
@@ -122,7 +122,7 @@ class StagedProposer(Proposer):
                                 logits_at=slice(len(pending) - 1, None)).logits[0]
             forwards += 1
             if sampler.greedy:
-                verdict = verify_greedy(sub.tokens, logits.argmax(-1).tolist())
+                verdict = verify_greedy(sub.tokens, greedy_tokens(logits).tolist())
             else:
                 p = sampler.probs(logits)
                 verdict = verify_sampling(sub.tokens, sub.q, p, sampler)

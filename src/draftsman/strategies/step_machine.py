@@ -32,7 +32,7 @@ from draftsman.models.base import DecoderLM
 from draftsman.models.protocol import Cache
 from draftsman.models.ragged import Segment
 from draftsman.proposers.base import Proposal, Proposer
-from draftsman.sampling import Sampler
+from draftsman.sampling import Sampler, greedy_tokens
 from draftsman.state import ModelState
 from draftsman.strategies.base import check_fits
 from draftsman.strategies.gamma import CostModelGamma, Feedback, GammaPolicy
@@ -316,7 +316,7 @@ class SpeculativeSteps:
 
     def _verify(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
         if self.sampler.greedy:  # [γ+1, V] -> the target's choice after each prefix
-            return verify_greedy(proposal.tokens, logits.argmax(-1).tolist())
+            return verify_greedy(proposal.tokens, greedy_tokens(logits).tolist())
         return verify_sampling(proposal.tokens, proposal.q, self.sampler.probs(logits),
                                self.sampler)
 

@@ -30,7 +30,7 @@ from draftsman.core import GenerationConfig, Step
 from draftsman.models.base import DecoderLM
 from draftsman.models.protocol import Cache
 from draftsman.proposers.base import Proposal, Proposer
-from draftsman.sampling import Sampler
+from draftsman.sampling import Sampler, greedy_tokens
 from draftsman.state import ModelState
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import Feedback, GammaPolicy
@@ -89,7 +89,7 @@ def settle_tree(state: ModelState, tree: DraftTree, prefix_tokens: list[int],
     tokens: judge the tree on its nodes' logits [C, V] (greedy matching or recursive
     rejection) and keep the accepted path next to the prefix (a backend without exact
     tree keeps keeps the path's leading in-order nodes). (verdict, target argmax per node)."""
-    argmax = logits.argmax(-1).tolist()
+    argmax = greedy_tokens(logits).tolist()
     if sampler.greedy:
         verdict = verify_tree_greedy(tree.tokens, tree.children, argmax)
     else:

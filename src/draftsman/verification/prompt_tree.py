@@ -25,7 +25,7 @@ import torch
 
 from draftsman.models.base import DecoderLM
 from draftsman.models.prompt_tokens import PromptTokens
-from draftsman.sampling import Sampler
+from draftsman.sampling import Sampler, greedy_tokens
 from draftsman.trees.layout import TreeLayout, TreeSpec, fill_tokens, layout
 from draftsman.verification.tree import TypicalAcceptance, accept_typical, greedy_end
 
@@ -118,7 +118,7 @@ class TreeDecoder:
         logits = out.logits[0]  # [C, V]
         greedy = sampler is None or sampler.greedy
         if greedy:
-            argmax = logits.argmax(-1)
+            argmax = greedy_tokens(logits)
             end_t = greedy_end(dl, cand, argmax)
             # one transfer: the node, the target's next token, the tokens root..node
             got = torch.cat([end_t[None], argmax[end_t][None], cand[dl.ancestors[end_t]]])
