@@ -31,7 +31,7 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("gguf_matmul.cpp", "gguf_matmul_records.cpp", "gguf_pack_records.cpp",
                  "gguf_convert.cpp", "decode_ops.cpp", "attention_ops.cpp",
                  "attention_amx.cpp", "attention_bf16.cpp", "decoder_layers.cpp",
-                 "stream_probe.cpp", "dot_probe.cpp"))
+                 "stream_probe.cpp", "dot_probe.cpp", "greedy_rows.cpp"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
                  "simd_math.h", "attention_amx.h", "attention_bf16.h", "bf16_key_pairs.h",
@@ -150,6 +150,8 @@ def _load() -> bool:
     torch.library.register_fake("draftsman::rope_attention")(_rope_attention_fake)
     torch.library.register_fake("draftsman::decoder_layers")(
         lambda rows, *_: rows.new_empty(rows.shape))
+    torch.library.register_fake("draftsman::greedy_rows")(
+        lambda logits: logits.new_empty(logits.shape[:-1], dtype=torch.long))
     return True
 
 
@@ -179,6 +181,12 @@ def kquant_available() -> bool:
             _reason.append("DRAFTSMAN_NO_NATIVE is set")
         return False
     return _load()
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the kernels already (never builds them): for callers
+    that use an op where it is there and do without it otherwise (`sampling.greedy_tokens`)."""
+    return _load.cache_info().currsize > 0 and _load()
 
 
 def unavailable_reason() -> str:
