@@ -21,9 +21,9 @@ def path(request, monkeypatch):
     if request.param == "kernel":
         if not native.kquant_available():
             pytest.skip(f"the kernels do not build here: {native.unavailable_reason()}")
-        monkeypatch.setattr(native, "loaded", lambda: True)
+        monkeypatch.setattr(native, "greedy_rows_ready", lambda: True)
     else:
-        monkeypatch.setattr(native, "loaded", lambda: False)
+        monkeypatch.setattr(native, "greedy_rows_ready", lambda: False)
     return request.param
 
 

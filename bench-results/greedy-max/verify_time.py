@@ -18,7 +18,7 @@ rows, repeats = int(rows), int(repeats)
 torch.set_num_threads(2)
 model = load_model(resolve_model(name, pull=False), dtype, gguf=resolve_gguf(name, pull=False))
 if way == "max":
-    native.loaded = lambda: False
+    native.greedy_rows_ready = lambda: False
 pick = (lambda x: x.argmax(-1)) if way == "argmax" else greedy_tokens
 context = 256
 cache = model.new_cache(context + rows)

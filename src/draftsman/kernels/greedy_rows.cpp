@@ -22,6 +22,9 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+#define DRAFTSMAN_GREEDY_VECTORS 1
+#else
+#define DRAFTSMAN_GREEDY_VECTORS 0
 #endif
 
 namespace {
@@ -43,7 +46,7 @@ int64_t greedy_scalar(const T* row, int64_t v) {
   return best;
 }
 
-#if defined(__AVX512F__)
+#if DRAFTSMAN_GREEDY_VECTORS
 // 16 values from p as floats; lanes at or past `count` read as -inf (never a maximum there
 // unless the whole row is -inf, and then index 0 wins)
 inline __m512 load16(const float* p, int count) {
@@ -104,6 +107,10 @@ at::Tensor greedy_rows(const at::Tensor& logits) {
 }
 
 }  // namespace
+
+// Whether greedy_rows runs its AVX-512 pass here (else the one-element loop, which PyTorch's
+// max(-1) beats: sampling.greedy_tokens then takes max)
+extern "C" int draftsman_greedy_rows_vectors() { return DRAFTSMAN_GREEDY_VECTORS; }
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) { m.def("greedy_rows(Tensor logits) -> Tensor"); }
 

@@ -185,8 +185,21 @@ def kquant_available() -> bool:
 
 def loaded() -> bool:
     """Whether this process has loaded the kernels already (never builds them): for callers
-    that use an op where it is there and do without it otherwise (`sampling.greedy_tokens`)."""
+    that use an op where it is there and do without it otherwise."""
     return _load.cache_info().currsize > 0 and _load()
+
+
+def greedy_rows_ready() -> bool:
+    """Whether `draftsman::greedy_rows` is loaded in this process (never builds it) with its
+    AVX-512 pass (`sampling.greedy_tokens` takes it then; elsewhere PyTorch's max(-1))."""
+    return loaded() and _greedy_rows_vectors()
+
+
+@cache
+def _greedy_rows_vectors() -> bool:
+    import ctypes
+
+    return bool(ctypes.CDLL(str(library_path())).draftsman_greedy_rows_vectors())
 
 
 def unavailable_reason() -> str:
