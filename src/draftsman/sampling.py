@@ -122,6 +122,18 @@ def _kept_of_all(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, ids, kept)
 
 
+def inverse_cdf_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token a uniform u in [0, 1) picks from probs [V] (non-negative, any total): the
+    first whose cumulative mass exceeds u times the total, never one of mass 0 (float32 sums:
+    each token's share off by at most a rounding of the total, ~6e-8 of it). torch.multinomial
+    took 2.7 ms for a 151,936-token distribution on an AMX Xeon, this ~0.1
+    (bench-results/logits-read)."""
+    cdf = probs.float().cumsum(-1)
+    token = torch.searchsorted(cdf, u * cdf[-1], right=True)
+    # u * total may round up to the total: the last token of positive mass, not one past it
+    return torch.minimum(token, torch.searchsorted(cdf, cdf[-1]))
+
+
 class Sampler:
     """A sampling config with its own seeded generator: the same seed gives the same draws.
 
@@ -163,7 +175,10 @@ class Sampler:
 
     def draw_tensor(self, probs: torch.Tensor) -> torch.Tensor:
         """One token from probs [V] as a 0-d tensor on their device (no host sync)."""
-        return torch.multinomial(probs, 1, generator=self.generator_for(probs.device))[0]
+        generator = self.generator_for(probs.device)
+        if probs.device.type != "cpu":
+            return torch.multinomial(probs, 1, generator=generator)[0]
+        return inverse_cdf_draw(probs, torch.rand((), generator=generator))
 
     def uniform(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         """n uniform draws in [0, 1), on `device` (default the CPU)."""
