@@ -2,11 +2,10 @@
 prompt (a verify's shape), one row and all 16, against the sort of the whole vocabulary that
 top-p took before (old_top_p below, 38f9e05's rule), medians of 7 runs of 10 calls, 2 threads;
 and whether both keep the same tokens."""
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from call_time import ms
 
 from draftsman.models.loader import load_model
 from draftsman.sampling import SamplingConfig, probabilities
@@ -32,17 +31,6 @@ def old_probabilities(logits, config):
     return logits.softmax(-1)
 
 
-def ms(f, n: int = 10) -> float:
-    f()
-    runs = []
-    for _ in range(7):
-        start = time.perf_counter()
-        for _ in range(n):
-            f()
-        runs.append((time.perf_counter() - start) / n * 1e3)
-    return statistics.median(runs)
-
-
 model = load_model(resolve_model(NAME, pull=False), "q8", gguf=resolve_gguf(NAME, pull=False))
 ids = Tokenizer.from_folder(resolve_model(NAME, pull=False)).backend.encode(TEXT).ids
 cache = model.new_cache(len(ids))
@@ -56,8 +44,8 @@ for config in CONFIGS:
     for rows in (1, 16):
         x = logits[:rows]
         same = torch.equal(old_probabilities(x, config) > 0, probabilities(x, config) > 0)
-        before = ms(lambda x=x, c=config: old_probabilities(x, c))
-        now = ms(lambda x=x, c=config: probabilities(x, c))
+        before = ms(lambda x=x, c=config: old_probabilities(x, c), 10)
+        now = ms(lambda x=x, c=config: probabilities(x, c), 10)
         print(f"| T {config.temperature}, top-k {config.top_k}, top-p {config.top_p} | {rows} "
               f"| {before:.2f} | {now:.2f} | {same} |")
 
