@@ -57,10 +57,9 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """logits [..., V] -> float32 probabilities [..., V] under `config`."""
-    logits = logits.float()
-    if config.greedy:
+    if config.greedy:  # the same argmax in the logits' own dtype (bf16 -> float is exact)
         return torch.nn.functional.one_hot(greedy_tokens(logits), logits.shape[-1]).float()
-    logits = logits / config.temperature
+    logits = logits.float() / config.temperature
     if config.top_k and config.top_k < logits.shape[-1]:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
