@@ -15,7 +15,7 @@ from draftsman.text.tokenizer import Tokenizer
 
 torch.set_num_threads(2)
 NAME = "qwen2.5-coder-0.5b-instruct"
-TEXT = Path(__file__).with_name("README.md").read_text()[:3000]  # prose and code spans
+CONFIGS = (SamplingConfig(0.7, 0, 0.9), SamplingConfig(1.0, 0, 0.95), SamplingConfig(1.0, 40, 0.9))
 
 
 def old_probabilities(logits, config):
@@ -31,34 +31,47 @@ def old_probabilities(logits, config):
     return logits.softmax(-1)
 
 
-model = load_model(resolve_model(NAME, pull=False), "q8", gguf=resolve_gguf(NAME, pull=False))
-ids = Tokenizer.from_folder(resolve_model(NAME, pull=False)).backend.encode(TEXT).ids
-cache = model.new_cache(len(ids))
-logits = model(torch.tensor([ids]), torch.arange(len(ids))[None], cache).logits[0, -16:]
-print(f"{len(ids)} prompt tokens; the last 16 rows' logits, top probability "
-      f"{logits.float().softmax(-1).max(-1).values.median():.2f} (median)")
-print("| config | rows | before (full sort) ms | now ms | same kept tokens |")
-print("|---|---|---|---|---|")
-CONFIGS = (SamplingConfig(0.7, 0, 0.9), SamplingConfig(1.0, 0, 0.95), SamplingConfig(1.0, 40, 0.9))
-for config in CONFIGS:
-    for rows in (1, 16):
-        x = logits[:rows]
-        same = torch.equal(old_probabilities(x, config) > 0, probabilities(x, config) > 0)
-        before = ms(lambda x=x, c=config: old_probabilities(x, c), 10)
-        now = ms(lambda x=x, c=config: probabilities(x, c), 10)
-        print(f"| T {config.temperature}, top-k {config.top_k}, top-p {config.top_p} | {rows} "
-              f"| {before:.2f} | {now:.2f} | {same} |")
+def real_logits() -> torch.Tensor:
+    """The 0.5B q8's logits at the last 16 tokens of prompt.txt (prose and code spans)."""
+    folder = resolve_model(NAME, pull=False)
+    model = load_model(folder, "q8", gguf=resolve_gguf(NAME, pull=False))
+    text = Path(__file__).with_name("prompt.txt").read_text()
+    ids = Tokenizer.from_folder(folder).backend.encode(text).ids
+    cache = model.new_cache(len(ids))
+    logits = model(torch.tensor([ids]), torch.arange(len(ids))[None], cache).logits[0, -16:]
+    print(f"{len(ids)} prompt tokens; the last 16 rows' logits, top probability "
+          f"{logits.float().softmax(-1).max(-1).values.median():.2f} (median)")
+    return logits
 
-# where the two keep different tokens: against the float64 reference's rule (ties lower id first)
-print("\n| config | row | kept before / now / reference | now = reference | before = reference |")
-print("|---|---|---|---|---|")
-for config in CONFIGS:
-    before, now = old_probabilities(logits, config) > 0, probabilities(logits, config) > 0
-    for r in range(logits.shape[0]):
-        if torch.equal(before[r], now[r]):
-            continue
-        ref = torch.from_numpy(reference_probabilities(
-            logits[r].double().numpy(), config.temperature, config.top_k, config.top_p) > 0)
-        print(f"| T {config.temperature}, top-k {config.top_k}, top-p {config.top_p} | {r} "
-              f"| {int(before[r].sum())} / {int(now[r].sum())} / {int(ref.sum())} "
-              f"| {torch.equal(now[r], ref)} | {torch.equal(before[r], ref)} |")
+
+def main() -> None:
+    logits = real_logits()
+    print("| config | rows | before (full sort) ms | now ms | same kept tokens |")
+    print("|---|---|---|---|---|")
+    for config in CONFIGS:
+        for rows in (1, 16):
+            x = logits[:rows]
+            same = torch.equal(old_probabilities(x, config) > 0, probabilities(x, config) > 0)
+            before = ms(lambda x=x, c=config: old_probabilities(x, c), 10)
+            now = ms(lambda x=x, c=config: probabilities(x, c), 10)
+            print(f"| T {config.temperature}, top-k {config.top_k}, top-p {config.top_p} | {rows} "
+                  f"| {before:.2f} | {now:.2f} | {same} |")
+
+    # where the two keep different tokens, against the float64 reference (ties lower id first)
+    print("\n| config | row | kept before / now / reference | now = reference "
+          "| before = reference |")
+    print("|---|---|---|---|---|")
+    for config in CONFIGS:
+        before, now = old_probabilities(logits, config) > 0, probabilities(logits, config) > 0
+        for r in range(logits.shape[0]):
+            if torch.equal(before[r], now[r]):
+                continue
+            ref = torch.from_numpy(reference_probabilities(
+                logits[r].double().numpy(), config.temperature, config.top_k, config.top_p) > 0)
+            print(f"| T {config.temperature}, top-k {config.top_k}, top-p {config.top_p} | {r} "
+                  f"| {int(before[r].sum())} / {int(now[r].sum())} / {int(ref.sum())} "
+                  f"| {torch.equal(now[r], ref)} | {torch.equal(before[r], ref)} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -68,8 +68,9 @@ def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-# tokens ranked at first for top-p (then 8x as many while the nucleus reaches past them)
-TOP_P_HEAD = 1024
+# tokens ranked at first for top-p (then 8x as many while the nucleus reaches past them;
+# 256 ran ~20% faster than 1024 on real logits, bench-results/logits-read)
+TOP_P_HEAD = 256
 
 
 def top_p_kept(logits: torch.Tensor, top_p: float) -> torch.Tensor:
