@@ -82,22 +82,31 @@ def top_p_kept(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     Each row ranks only a head of its tokens where that decides it: its TOP_P_HEAD most
     probable (8x as many, up to a quarter of the vocabulary, where its kept tokens reach the
     head's least probable value: a tie there might rank a token outside the head above a kept
-    one), else all of them. The head's ranking is a prefix of the whole one, summed in the
-    same order: the same tokens kept. Ranking all 151,936 tokens took ~7 ms a row on an AMX
-    Xeon (2 threads), ~80 ms for a verify's 16 rows (bench-results/logits-read)."""
+    one), else all of them (and all of them off the CPU, where deciding per row would read
+    back to the host). The head's ranking is a prefix of the whole one, summed in the same
+    order: the same tokens kept. Ranking all 151,936 tokens took ~7 ms a row on an AMX
+    Xeon (2 threads), 63 ms for a verify's 16 rows (bench-results/logits-read)."""
     probs = logits.softmax(-1)
     vocab = probs.shape[-1]
     rows = probs.reshape(-1, vocab)
-    kept = torch.zeros_like(rows, dtype=torch.bool)
-    todo = torch.arange(rows.shape[0], device=rows.device)  # rows not decided yet
+    if rows.device.type != "cpu":  # deciding per row reads back to the host: rank it all
+        return _kept_of_all(rows, top_p).reshape(probs.shape)
+    kept = None
+    todo = torch.arange(rows.shape[0])  # rows not decided yet
     head = TOP_P_HEAD
     while head <= vocab // 4 and todo.numel():
-        part = rows if todo.numel() == rows.shape[0] else rows[todo]
-        mask, decided = _kept_of_head(part, head, top_p)
+        every = kept is None
+        mask, decided = _kept_of_head(rows if every else rows[todo], head, top_p)
+        if every and bool(decided.all()):  # the usual case: every row from its first head
+            return mask.reshape(probs.shape)
+        if every:
+            kept = torch.zeros_like(rows, dtype=torch.bool)
         kept[todo[decided]] = mask[decided]
         todo = todo[~decided]
         head *= 8
     if todo.numel():
+        if kept is None:  # no head short of a quarter of the vocabulary
+            return _kept_of_all(rows, top_p).reshape(probs.shape)
         kept[todo] = _kept_of_all(rows[todo], top_p)
     return kept.reshape(probs.shape)
 
@@ -126,8 +135,8 @@ def inverse_cdf_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The token a uniform u in [0, 1) picks from probs [V] (non-negative, any total): the
     first whose cumulative mass exceeds u times the total, never one of mass 0 (float32 sums:
     each token's share off by at most a rounding of the total, ~6e-8 of it). torch.multinomial
-    took 2.7 ms for a 151,936-token distribution on an AMX Xeon, this ~0.1
-    (bench-results/logits-read)."""
+    took 2.7 ms for a 151,936-token distribution on an AMX Xeon, this 0.095
+    (bench-results/logits-read/draw-time.txt)."""
     cdf = probs.float().cumsum(-1)
     token = torch.searchsorted(cdf, u * cdf[-1], right=True)
     # u * total may round up to the total: the last token of positive mass, not one past it
