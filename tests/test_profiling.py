@@ -179,3 +179,42 @@ def test_measure_rounds_times_every_length_once_a_round():
     rounds = profiling.measure_rounds(Model(), [1, 4], context=8, repeats=3, warmup=1)
     assert calls == [8, 1, 4, 1, 4, 1, 4, 1, 4]  # the context, the warm-up, 3 rounds
     assert {n: len(t) for n, t in rounds.items()} == {1: 3, 4: 3}
+
+
+def test_greedy_rounds_read_each_forwards_tokens_and_the_cli_refuses_without_them(monkeypatch):
+    """`draftsman profile --greedy` times forwards that give greedy tokens, read back as a
+    greedy verify reads them; a backend that does not declare greedy_head is refused."""
+    asked = []
+
+    class Tokens:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def tolist(self) -> list[int]:
+            asked.append(self.n)
+            return [0] * self.n
+
+    class GreedyModel(_ClockedModel):
+        def __call__(self, tokens, positions, cache, mask=None, greedy=False):
+            super().__call__(tokens, positions, cache, mask)
+            return type("Out", (), {"tokens": Tokens(tokens.shape[1]) if greedy else None})()
+
+    model = GreedyModel([0.0], slow=range(0))
+    profiling.measure_rounds(model, [1, 4], context=8, repeats=2, greedy=True)
+    assert asked == [1, 4] * 3  # the warm-ups and both rounds, each read
+
+    from draftsman.cli import profile_cmd
+    from draftsman.errors import InvalidArgumentError
+    from draftsman.models.protocol import Capabilities
+
+    caps = Capabilities(backend="llama.cpp", layer_ranges=False, input_embeddings=False,
+                        hidden_states=False, exact_tree_keep=False, max_tree_rows=None,
+                        device="cpu", numerics="q4_k")
+    bundle = type("Bundle", (), {"model": type("M", (), {"capabilities": caps})()})()
+    monkeypatch.setattr(profile_cmd, "load_bundle", lambda *a, **k: bundle)
+    args = profile_cmd.argparse.Namespace(threads=None, lengths="1,2", target="t", dtype="q4",
+                                          backend="llama.cpp", numerics=None, device=None,
+                                          static=False, compile=False, greedy=True)
+    monkeypatch.setattr(profile_cmd, "static_option", lambda a: False)
+    with pytest.raises(InvalidArgumentError, match="greedy_head"):
+        profile_cmd.run(args)

@@ -147,9 +147,11 @@ def round_ratios(rounds: dict[int, list[float]], base: int) -> dict[int, list[fl
 
 
 def measure_rounds(model, lengths: Sequence[int], context: int = 256, repeats: int = 3,
-                   warmup: int = 1) -> dict[int, list[float]]:
+                   warmup: int = 1, greedy: bool = False) -> dict[int, list[float]]:
     """Seconds of one forward over n new rows (tree-style bool mask, logits on every row)
     after `context` cached tokens, for each n in `lengths`, one per round in round order.
+    `greedy`: each forward gives its rows' greedy tokens instead (a model that declares
+    `greedy_head`), read to the host as a greedy verify reads them.
 
     Every length is warmed up before any is timed (a static model captures a CUDA graph per
     bucket on its first call), then timed in rounds, one forward of each length per round:
@@ -173,7 +175,10 @@ def measure_rounds(model, lengths: Sequence[int], context: int = 256, repeats: i
         tokens, pos, mask = inputs[n]
         cache.truncate(context)
         t0 = time.perf_counter()
-        model(tokens, pos, cache, mask=mask)
+        if greedy:
+            model(tokens, pos, cache, mask=mask, greedy=True).tokens.tolist()
+        else:
+            model(tokens, pos, cache, mask=mask)
         sync()
         return time.perf_counter() - t0
 

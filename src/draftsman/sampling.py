@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsman.errors import InvalidArgumentError
-from draftsman.kernels import native
+from draftsman.kernels.greedy import greedy_tokens
 
 
 @dataclass(frozen=True)
@@ -37,22 +37,6 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
-
-
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """The argmax over the last dim of logits [..., V] (int64 [...]): the first index of the
-    maximum, a NaN counting as the maximum, exactly as `Tensor.argmax(-1)`. On the CPU: one
-    AVX-512 pass a row (`draftsman::greedy_rows`) where the kernels are loaded with it, else
-    `max(-1).indices`, the same rule through a faster reduction than argmax's. bf16 logits of
-    16 x 151,936 (a verify's rows): argmax 3.85 ms, max 0.82, greedy_rows 0.13; one row
-    0.49 / 0.10 / 0.015 (an AMX Xeon, 2 threads; bench-results/logits-read). Elsewhere
-    argmax itself."""
-    if logits.device.type != "cpu":
-        return logits.argmax(-1)
-    if (logits.dtype in (torch.float32, torch.bfloat16) and logits.is_contiguous()
-            and logits.shape[-1] > 0 and native.greedy_rows_ready()):
-        return torch.ops.draftsman.greedy_rows(logits)
-    return logits.max(-1).indices
 
 
 def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

@@ -30,6 +30,18 @@ from draftsman.models.base import ALL, DecoderLM, Output
 from draftsman.models.cache import KVCache
 
 
+def greedy_option(greedy: bool) -> dict[str, bool]:
+    """The forward's `greedy` argument, passed only where asked: a model is asked only where
+    it declares `greedy_head`, and other backends' forwards need not know the word."""
+    return {"greedy": True} if greedy else {}
+
+
+def reads_greedy_tokens(model: DecoderLM, greedy_sampling: bool) -> bool:
+    """Whether a verify of `model` under this sampling reads greedy tokens only, which the
+    model then gives instead of logits (declared: `Capabilities.greedy_head`)."""
+    return greedy_sampling and model.capabilities.has("greedy_head")
+
+
 class ModelState:
     """A model (or its `layers`), its cache and the tokens that cache holds.
 
@@ -50,19 +62,20 @@ class ModelState:
     # ------------------------------------------------------------------ writing the cache
 
     def feed(self, tokens: list[int], logits_at: slice | torch.Tensor | None = ALL, *,
-             hidden: torch.Tensor | None = None) -> Output:
+             hidden: torch.Tensor | None = None, greedy: bool = False) -> Output:
         """Run the model (this state's layers) on `tokens` appended after the fed ones.
 
         A layer range that starts past layer 0 takes `hidden` [1, T, H], the residual stream
         entering its first layer, instead of embedding the tokens; they are recorded all the
-        same, since they name what its slots hold.
+        same, since they name what its slots hold. `greedy`: Output.tokens instead of logits
+        (a model that declares `greedy_head`).
         """
         self._check_settled()
         start = len(self.fed)
         ids = None if hidden is not None else torch.tensor([tokens], dtype=torch.long)
         pos = torch.arange(start, start + len(tokens), dtype=torch.long)[None]
         out = self.model(ids, pos, self.cache, layers=self.layers, hidden_from=hidden,
-                         logits_at=logits_at, start=start)
+                         logits_at=logits_at, start=start, **greedy_option(greedy))
         self.fed.extend(tokens)
         self.forwards += 1
         return out
@@ -92,15 +105,17 @@ class ModelState:
 
     def forward_rows(self, tokens: list[int], offsets: torch.Tensor, *,
                      mask: torch.Tensor | None = None,
-                     logits_at: slice | torch.Tensor | None = ALL) -> Output:
+                     logits_at: slice | torch.Tensor | None = ALL,
+                     greedy: bool = False) -> Output:
         """Write rows for `tokens` after the fed ones at positions len(fed) + offsets [T]
         (a tree shares positions between siblings), attending through `mask`. The rows are
-        scratch until `keep` says which of them the text continues with."""
+        scratch until `keep` says which of them the text continues with. `greedy` as feed."""
         self._check_settled()
         start = len(self.fed)
         ids = torch.tensor([tokens], dtype=torch.long)
         pos = (offsets + start)[None]
-        out = self.model(ids, pos, self.cache, mask=mask, logits_at=logits_at, start=start)
+        out = self.model(ids, pos, self.cache, mask=mask, logits_at=logits_at, start=start,
+                         **greedy_option(greedy))
         self.forwards += 1
         return out
 

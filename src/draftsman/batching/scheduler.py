@@ -36,6 +36,7 @@ from draftsman.batching.drafting import batchable_drafter, draft_together, lend_
 from draftsman.core import Step
 from draftsman.errors import UnsupportedError
 from draftsman.models.ragged import RaggedCaches
+from draftsman.state import greedy_option, reads_greedy_tokens
 from draftsman.strategies.step_machine import SpeculativeSteps
 
 
@@ -88,10 +89,11 @@ class Ticket:
             if self.on_end is not None:
                 self.on_end(self)
 
-    def guard(self, work: Callable[..., object], *args: object) -> tuple[bool, object]:
+    def guard(self, work: Callable[..., object], *args: object, **kwargs: object
+              ) -> tuple[bool, object]:
         """(ok, result) of this request's own work; an exception ends this request only."""
         try:
-            return True, work(*args)
+            return True, work(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - reported to this request's client
             self.error = exc
             return False, None
@@ -225,8 +227,11 @@ class BatchScheduler:
         for t in tickets:
             if t.started_at is None:
                 t.started_at = now
+        # a batch of greedy requests reads only its rows' greedy tokens: the model gives
+        # them instead of logits where it declares greedy_head
+        greedy = reads_greedy_tokens(self.model, all(t.machine.sampler.greedy for t in tickets))
         try:
-            out = self.model(ids, positions, caches, logits_at=at)
+            out = self.model(ids, positions, caches, logits_at=at, **greedy_option(greedy))
         except Exception as exc:  # noqa: BLE001 - the shared forward failed: its requests end
             for t in tickets:
                 t.error = exc
@@ -234,15 +239,17 @@ class BatchScheduler:
             return []
         seconds = time.perf_counter() - now
         logits = out.logits[0] if out.logits is not None else None
+        picked = out.tokens[0] if out.tokens is not None else None
         total = caches.rows
         results, read = [], 0
         for t, r in zip(tickets, rows, strict=True):
             t.machine.wrote()
             n = r.logits_rows
-            mine = logits[read: read + n] if n else None
+            mine = logits[read: read + n] if n and logits is not None else None
+            tokens = picked[read: read + n] if n and picked is not None else None
             read += n
             share = seconds * self.row_cost(len(r.tokens)) / self.row_cost(total)
-            ok, step = t.guard(t.machine.accept, mine, seconds, share)
+            ok, step = t.guard(t.machine.accept, mine, seconds, share, tokens=tokens)
             if not ok or step is None:
                 continue
             if step.finish is not None:

@@ -71,6 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prompt-tokens", default=None,
                    help="prompt tokens folder: also print predicted speedups per tree size")
+    p.add_argument("--greedy", action="store_true",
+                   help="time greedy verifies: each forward gives its rows' greedy tokens, as "
+                        "generate verifies at temperature 0 (a records-kernel head picks them "
+                        "as it multiplies and never stores the logits); saved as a profile of "
+                        "its own")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -83,9 +88,14 @@ def run(args: argparse.Namespace) -> int:
     lengths = parse_lengths(args.lengths)
     bundle = load_bundle(args.target, args.dtype, args.backend, args.numerics, args.device,
                          static=static_option(args))
+    if args.greedy and not bundle.model.capabilities.has("greedy_head"):
+        raise InvalidArgumentError(
+            f"--greedy needs a forward that gives greedy tokens (greedy_head), which the "
+            f"{bundle.model.capabilities.backend} backend does not declare")
     on_cpu = getattr(bundle.model, "device", torch.device("cpu")).type == "cpu"
     before = _host_rates() if on_cpu else (None, None)
-    rounds = measure_rounds(bundle.model, lengths, args.context, args.repeats)
+    rounds = measure_rounds(bundle.model, lengths, args.context, args.repeats,
+                            greedy=args.greedy)
     latency = medians(rounds)
     # each round's L(n) / L(first length): least, median and most (the noise a goal on v(n)
     # is judged within)
@@ -99,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     floor = floor_curve(bundle.model, lengths, max(stream) if stream else None,
                         max(dots) * 1e9 if dots else None)
     threads = torch.get_num_threads()
-    kind = model_kind(bundle.model, args.dtype)
+    kind = model_kind(bundle.model, args.dtype) + ("-greedy" if args.greedy else "")
     path = profile_path(bundle.name, kind, threads)
     save_profile(path, latency, {"model": bundle.name, "dtype": kind, "threads": threads,
                                  "context": args.context, "repeats": args.repeats,
@@ -115,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
                           "command": command_line(),
                           "settings": {"model": bundle.name, "backend": args.backend,
                                        "lengths": lengths, "context": args.context,
-                                       "repeats": args.repeats},
+                                       "repeats": args.repeats, "greedy": args.greedy},
                           "env": environment(kind, args.numerics)}))
         return 0
     base = latency[lengths[0]]

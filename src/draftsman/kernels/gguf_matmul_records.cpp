@@ -39,9 +39,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 #include <unistd.h>
 
+#include "greedy_lanes.h"
 #include "kquant_records_avx2.h"
 #include "kquant_records_parts.h"
 #include "byte_tiles.h"
@@ -779,6 +781,29 @@ inline void store_swiglu(const float* gate, const float* up, int64_t m, float* y
     }
   }
 }
+
+// The greedy op's step after a unit's products: `count` groups' sums (from group g0; columns
+// past n ignored) go by each row's lanes as the values the plain product would store (bf16:
+// rounded as to_bf16 rounds, a NaN staying a NaN)
+inline void pick_groups(const float* acc, int64_t acc_step, int count, int64_t g0, int64_t n, int64_t m, bool bf16,
+                        draftsman_greedy::Lanes* lanes) {
+  const __m512 none = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int i = 0; i < count; ++i) {
+    const int64_t g = g0 + i;
+    const int cols = static_cast<int>(std::min<int64_t>(COLS, n - g * COLS));
+    const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
+    const __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(g * COLS)),
+                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (int64_t r = 0; r < m; ++r) {
+      __m512 v = _mm512_load_ps(acc + i * acc_step + COLS * r);
+      if (bf16) {
+        const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        v = _mm512_mask_mov_ps(draftsman_simd::round16(v, static_cast<const c10::BFloat16*>(nullptr)), nan, v);
+      }
+      lanes[r].take(_mm512_mask_mov_ps(none, keep, v), index);
+    }
+  }
+}
 #endif
 
 // x's `rows` rows quantised into xdata (quantize_part), then work(begin, end) over
@@ -826,7 +851,7 @@ void quantize_then_work(const at::Tensor& x, int64_t rows, int64_t nb, bool by_b
 
 // One call of kquant_records_into over all of x's rows (see there).
 void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
-                       int64_t tile_rows, at::Tensor& y, int64_t col, bool swiglu) {
+                       int64_t tile_rows, at::Tensor& y, int64_t col, bool swiglu, int64_t* tokens) {
   TORCH_CHECK(records_available(), "kquant_records_mm: this build or CPU has neither AVX-512 VNNI nor AVX2");
   TORCH_CHECK(tile_rows >= 0, "kquant_records_mm: tile_rows must be 0 (no tiles) or a row count");
   TORCH_CHECK(tile_rows == 0 || amx_available(), "kquant_records_mm: this build or CPU has no AMX-INT8 tiles");
@@ -857,11 +882,12 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
               draftsman_msg::text("kquant_records_swiglu: the gate and up halves must be whole groups of ", COLS,
                                   " rows (n a multiple of ", 2 * COLS, "), not n = ", n));
   const int64_t y_cols = swiglu ? n / 2 : n;
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == m && y.scalar_type() == x.scalar_type() && y.stride(1) == 1 &&
+  TORCH_CHECK(tokens || y.dim() == 2 && y.size(0) == m && y.scalar_type() == x.scalar_type() && y.stride(1) == 1 &&
                   y.stride(0) == y.size(1) && col >= 0 && col + y_cols <= y.size(1),
               "kquant_records_mm: out must be a contiguous [M, >= col + n] tensor in x's dtype");
   if (m == 0) return;  // no rows: nothing to read (the vector paths take at least one)
-  const int64_t ldy = y.size(1);
+  TORCH_CHECK(!tokens || DRAFTSMAN_RECORDS, "kquant_records_greedy: needs the AVX-512 VNNI records");
+  const int64_t ldy = tokens ? 0 : y.size(1);
 #if DRAFTSMAN_RECORDS
   // more rows than a tile: padded with zero rows to whole tiles, all configured 16 high
   const bool tiles = tile_rows > 0 && m >= tile_rows;
@@ -876,9 +902,12 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
   if (static_cast<int64_t>(xs.size()) < tiled * nb) xs.resize(static_cast<size_t>(tiled * nb));
   Q8Block* xdata = xs.data();  // a lambda's `xs` would be its own thread's
   const int64_t row_step = by_block ? 1 : nb, block_step = by_block ? tiled : 1;
-  float* yf = bf16 ? nullptr : y.data_ptr<float>() + col;
-  c10::BFloat16* yb = bf16 ? y.data_ptr<c10::BFloat16>() + col : nullptr;
+  float* yf = bf16 || tokens ? nullptr : y.data_ptr<float>() + col;
+  c10::BFloat16* yb = bf16 && !tokens ? y.data_ptr<c10::BFloat16>() + col : nullptr;
   const uint8_t* wp = packed.data_ptr<uint8_t>();
+  // greedy: each call of `work` picks over its units' columns, then merges into `picks`
+  std::vector<draftsman_greedy::Pick> picks(tokens ? static_cast<size_t>(m) : 0);
+  std::mutex merging;
   // Each unit of one or two groups of 16 output columns (pair_groups; SwiGLU: a gate group and
   // its up group) is one thread's work: every tile of activation rows passes each of its
   // blocks as it is unpacked.
@@ -896,6 +925,11 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
     const int64_t floats = per_unit * acc_step + COLS;
     if (static_cast<int64_t>(buf.size()) < floats) buf.resize(static_cast<size_t>(floats));
     float* acc = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t{63});
+    thread_local std::vector<draftsman_greedy::Lanes> lanes;
+    if (tokens) {
+      if (static_cast<int64_t>(lanes.size()) < m) lanes.resize(static_cast<size_t>(m));
+      for (int64_t r = 0; r < m; ++r) lanes[r].start(begin * per_unit * COLS);
+    }
     for (int64_t u = begin; u < end; ++u) {
       if (swiglu) {
         const int64_t g0 = u * run;
@@ -916,6 +950,10 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
       std::fill(acc, acc + count * acc_step, 0.f);
       groups_product(qtype, Unit::consecutive(wp + g0 * group_bytes, group_bytes, count), xdata, nb, half, row_step,
                      block_step, static_cast<int>(m), tile_rows, tiles, acc, acc_step);
+      if (tokens) {
+        pick_groups(acc, acc_step, count, g0, n, m, bf16, lanes.data());
+        continue;
+      }
       for (int i = 0; i < count; ++i) {
         const int64_t g = g0 + i;
         const int cols = static_cast<int>(std::min<int64_t>(COLS, n - g * COLS));
@@ -933,8 +971,13 @@ void records_rows_into(const at::Tensor& x, const at::Tensor& packed, int64_t qt
 #if DRAFTSMAN_AMX
     if (tiles) _tile_release();
 #endif
+    if (tokens) {
+      std::lock_guard<std::mutex> hold(merging);
+      for (int64_t r = 0; r < m; ++r) picks[r].merge(lanes[r].pick());
+    }
   };
   quantize_then_work(x, tiled, nb, by_block, xdata, units, work);
+  for (int64_t r = 0; r < static_cast<int64_t>(picks.size()); ++r) tokens[r] = picks[r].token();
 #elif DRAFTSMAN_RECORDS_AVX2
   // the same work split and activation layout as above, on AVX2 vectors (no tiles)
   (void)tile_rows;
@@ -992,20 +1035,23 @@ int64_t slice_rows(int64_t nb) {
 // slice re-reads the matrix instead, from L3 after the first. A row's bits are its own
 // whatever rows share its call, so slices change no result.
 void kquant_records_into(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
-                         int64_t tile_rows, at::Tensor& y, int64_t col, bool swiglu = false) {
+                         int64_t tile_rows, at::Tensor& y, int64_t col, bool swiglu = false,
+                         int64_t* tokens = nullptr) {
   const bool known = qtype == TYPE_Q4_K || qtype == TYPE_Q6_K || qtype == TYPE_Q8_0 || qtype == TYPE_I8_ROW;
   const int64_t m = x.dim() == 2 ? x.size(0) : 0;
-  if (!known || m <= 2 * SLICE_MIN_ROWS || packed.dim() != 2 || y.dim() != 2 || y.size(0) != m) {
-    return records_rows_into(x, packed, qtype, n, tile_rows, y, col, swiglu);
+  const bool whole = tokens || (y.dim() == 2 && y.size(0) == m);
+  if (!known || m <= 2 * SLICE_MIN_ROWS || packed.dim() != 2 || !whole) {
+    return records_rows_into(x, packed, qtype, n, tile_rows, y, col, swiglu, tokens);
   }
   const int64_t most = slice_rows((packed.size(1) + record_bytes(qtype) - 1) / record_bytes(qtype));
-  if (m <= most) return records_rows_into(x, packed, qtype, n, tile_rows, y, col, swiglu);
+  if (m <= most) return records_rows_into(x, packed, qtype, n, tile_rows, y, col, swiglu, tokens);
   const int64_t slices = (m + most - 1) / most;
   const int64_t each = ((m + slices - 1) / slices + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
   for (int64_t r0 = 0; r0 < m; r0 += each) {
     const int64_t rows = std::min(each, m - r0);
-    at::Tensor yr = y.narrow(0, r0, rows);
-    records_rows_into(x.narrow(0, r0, rows), packed, qtype, n, tile_rows, yr, col, swiglu);
+    at::Tensor yr = tokens ? y : y.narrow(0, r0, rows);
+    records_rows_into(x.narrow(0, r0, rows), packed, qtype, n, tile_rows, yr, col, swiglu,
+                      tokens ? tokens + r0 : nullptr);
   }
 }
 
@@ -1032,6 +1078,17 @@ at::Tensor kquant_records_swiglu(const at::Tensor& x, const at::Tensor& packed, 
   return y;
 }
 
+// argmax(x W^T, -1) [M] int64, as greedy_rows reads kquant_records_mm's output (in x's dtype),
+// without storing it: a greedy verify's head. AVX-512 VNNI records.
+at::Tensor kquant_records_greedy(const at::Tensor& x, const at::Tensor& packed, int64_t qtype, int64_t n,
+                                 int64_t tile_rows) {
+  TORCH_CHECK(x.dim() == 2, "kquant_records_greedy: x must be [M, K]");
+  at::Tensor tokens = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  at::Tensor none;
+  kquant_records_into(x, packed, qtype, n, tile_rows, none, 0, false, tokens.data_ptr<int64_t>());
+  return tokens;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
@@ -1039,12 +1096,14 @@ TORCH_LIBRARY_FRAGMENT(draftsman, m) {
   m.def("kquant_records_mm(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");
   m.def("kquant_records_mm_out(Tensor x, Tensor packed, int qtype, int n, int tile_rows, Tensor(a!) out, int col) -> ()");
   m.def("kquant_records_swiglu(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");
+  m.def("kquant_records_greedy(Tensor x, Tensor packed, int qtype, int n, int tile_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {
   m.impl("kquant_records_mm", &kquant_records_mm);
   m.impl("kquant_records_mm_out", &kquant_records_mm_out);
   m.impl("kquant_records_swiglu", &kquant_records_swiglu);
+  m.impl("kquant_records_greedy", &kquant_records_greedy);
 }
 
 // The most rows one slice of a many-row product takes over `nb` blocks a row (for the tests).

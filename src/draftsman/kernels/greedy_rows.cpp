@@ -4,11 +4,8 @@
 // verify's 16 rows of 151,936 bf16 took ~1.6 ms through PyTorch's max(-1) after a forward on
 // an AMX Xeon, a row ~0.17 ms.
 //
-// One pass a row: each of 16 lanes keeps the largest value it has seen and where it first saw
-// it (a strictly greater value replaces it), and whether a NaN went by. The row's answer is
-// then the least index among the lanes holding the largest value: each lane's first maximum,
-// and the row's first maximum is the first of those. A row with a NaN is scanned again for the
-// first NaN. Rows are independent: the same answer alone or in a batch, on any thread count.
+// One pass a row through greedy_lanes.h's lanes. Rows are independent: the same answer alone
+// or in a batch, on any thread count.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -19,6 +16,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+
+#include "greedy_lanes.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -32,7 +31,7 @@ namespace {
 inline float value(const float* row, int64_t i) { return row[i]; }
 inline float value(const c10::BFloat16* row, int64_t i) { return static_cast<float>(row[i]); }
 
-// The rule itself, one element at a time: the AVX-512-less build, and a row's NaN scan.
+// The rule itself, one element at a time: the build without AVX-512.
 template <typename T>
 int64_t greedy_scalar(const T* row, int64_t v) {
   int64_t best = 0;
@@ -62,23 +61,15 @@ inline __m512 load16(const c10::BFloat16* p, int count) {
 
 template <typename T>
 int64_t greedy_row(const T* row, int64_t v) {
-  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512i index = at;
+  draftsman_greedy::Lanes lanes;
+  lanes.start(0);
+  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
-  __mmask16 nan = 0;
   for (int64_t i = 0; i < v; i += 16) {
-    const __m512 x = load16(row + i, static_cast<int>(v - i < 16 ? v - i : 16));
-    const __mmask16 greater = _mm512_cmp_ps_mask(x, top, _CMP_GT_OQ);
-    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    top = _mm512_mask_mov_ps(top, greater, x);
-    at = _mm512_mask_mov_epi32(at, greater, index);
+    lanes.take(load16(row + i, static_cast<int>(v - i < 16 ? v - i : 16)), index);
     index = _mm512_add_epi32(index, step);
   }
-  if (nan) return greedy_scalar(row, v);
-  const float largest = _mm512_reduce_max_ps(top);
-  const __mmask16 holds = _mm512_cmp_ps_mask(top, _mm512_set1_ps(largest), _CMP_EQ_OQ);
-  return _mm512_mask_reduce_min_epi32(holds, at);
+  return lanes.pick().token();
 }
 #else
 template <typename T>
@@ -109,7 +100,7 @@ at::Tensor greedy_rows(const at::Tensor& logits) {
 }  // namespace
 
 // Whether greedy_rows runs its AVX-512 pass here (else the one-element loop, which PyTorch's
-// max(-1) beats: sampling.greedy_tokens then takes max)
+// max(-1) beats: kernels/greedy.py's greedy_tokens then takes max)
 extern "C" int draftsman_greedy_rows_vectors() { return DRAFTSMAN_GREEDY_VECTORS; }
 
 TORCH_LIBRARY_FRAGMENT(draftsman, m) { m.def("greedy_rows(Tensor logits) -> Tensor"); }

@@ -36,7 +36,7 @@ HEADERS = tuple(Path(__file__).with_name(name) for name in
                 ("kquant_blocks.h", "kquant_records.h", "amx_tiles.h", "kquant_records_parts.h",
                  "simd_math.h", "attention_amx.h", "attention_bf16.h", "bf16_key_pairs.h",
                  "q8_records.h", "byte_tiles.h", "check_message.h", "kquant_records_avx2.h",
-                 "kquant_records_pairs.h", "env_switch.h"))
+                 "kquant_records_pairs.h", "env_switch.h", "greedy_lanes.h"))
 _reason: list[str] = []
 
 
@@ -191,7 +191,7 @@ def loaded() -> bool:
 
 def greedy_rows_ready() -> bool:
     """Whether `draftsman::greedy_rows` is loaded in this process (never builds it) with its
-    AVX-512 pass (`sampling.greedy_tokens` takes it then; elsewhere PyTorch's max(-1))."""
+    AVX-512 pass (`kernels.greedy.greedy_tokens` takes it then; elsewhere PyTorch's max(-1))."""
     return loaded() and _greedy_rows_vectors()
 
 
@@ -247,6 +247,16 @@ def records_swiglu() -> bool:
     product, without the product stored and read again. The AVX-512 VNNI records only.
     DRAFTSMAN_SWIGLU_EPILOGUE=0 turns it off (silu_mul after the product, on the same CPU)."""
     return records_isa() == "avx512vnni" and os.environ.get("DRAFTSMAN_SWIGLU_EPILOGUE", "1") != "0"
+
+
+@cache
+def records_greedy() -> bool:
+    """Whether a records matrix hands back each row's greedy token of its product instead of
+    the product (`draftsman::kquant_records_greedy`: each thread picks over its columns as
+    it makes them, so a greedy verify's logits are never stored nor read again; the tokens
+    greedy_rows would read). The AVX-512 VNNI records only. DRAFTSMAN_GREEDY_HEAD=0 turns it
+    off (the product, then greedy_rows)."""
+    return records_isa() == "avx512vnni" and os.environ.get("DRAFTSMAN_GREEDY_HEAD", "1") != "0"
 
 
 @cache

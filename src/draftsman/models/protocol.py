@@ -36,6 +36,9 @@ class Capabilities:
     ragged_batches: bool = False  # forward(cache=RaggedCaches): several sequences' rows in
     #                               one forward, each with its own cache (models/ragged.py)
     ragged_trees: bool = False  # ... and each segment may carry its own tree mask
+    greedy_head: bool = False  # forward(greedy=True): Output.tokens [B, T'], each row's greedy
+    #                            token (argmax's rule), instead of logits the head then never
+    #                            has to store (a greedy verify reads nothing else)
     remedy: str = "use --backend torch"  # what a refused method's message tells the user
 
     def has(self, name: str) -> bool:

@@ -53,6 +53,7 @@ from draftsman.kernels.native import (
     kquant_amx,
     kquant_available,
     kquant_records,
+    records_greedy,
     records_swiglu,
     unavailable_reason,
 )
@@ -240,6 +241,18 @@ class QuantLinear(nn.Module):
                 or not records_swiglu()):
             return None
         op = torch.ops.draftsman.kquant_records_swiglu
+        packed, qtype, n, tiles_from = operands
+        return lambda x: op(x, packed, qtype, n, tiles_from)
+
+    def greedy_product(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """x [M, K] contiguous in `dtype` -> greedy_tokens(forward(x)) [M] in one kernel call
+        that never stores the product (`kquant_records_greedy`; an LM head's greedy verify);
+        None without a direct call, with a bias, or where the op does not run
+        (records_greedy)."""
+        operands = self._record_operands(dtype)
+        if operands is None or self.bias is not None or not records_greedy():
+            return None
+        op = torch.ops.draftsman.kquant_records_greedy
         packed, qtype, n, tiles_from = operands
         return lambda x: op(x, packed, qtype, n, tiles_from)
 

@@ -40,8 +40,8 @@ from draftsman.models.protocol import Capabilities
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # capabilities of the model that static steps do not keep: they run whole-model forwards of
-# one sequence (no layer ranges, no ragged batches of several)
-STATIC_LACKS = ("layer_ranges", "ragged_batches", "ragged_trees")
+# one sequence (no layer ranges, no ragged batches of several) and return logits
+STATIC_LACKS = ("layer_ranges", "ragged_batches", "ragged_trees", "greedy_head")
 WARMUP_RUNS = 3  # eager runs on a side stream before capture (allocator and kernel caches)
 
 

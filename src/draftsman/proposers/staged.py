@@ -28,7 +28,7 @@ import torch
 from draftsman.models.base import DecoderLM
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler, greedy_tokens
-from draftsman.state import ModelState
+from draftsman.state import ModelState, reads_greedy_tokens
 from draftsman.verification.chain import verify_greedy, verify_sampling
 
 
@@ -104,6 +104,7 @@ class StagedProposer(Proposer):
             catch_up = time.perf_counter() - start
         produced: list[int] = []
         rows: list[torch.Tensor] = []
+        greedy = reads_greedy_tokens(state.model, sampler.greedy)
         forwards = sub_forwards = sub_drafted = sub_accepted = sub_rejections = 0
         while len(produced) < gamma:
             context = committed + produced
@@ -118,13 +119,14 @@ class StagedProposer(Proposer):
             else:
                 sub = self.sub.propose(context, sub_gamma, sampler)
             pending = state.sync(context, final=False)  # `produced` is still a guess
-            logits = state.feed(pending + sub.tokens,
-                                logits_at=slice(len(pending) - 1, None)).logits[0]
+            out = state.feed(pending + sub.tokens, logits_at=slice(len(pending) - 1, None),
+                             greedy=greedy)
             forwards += 1
-            if sampler.greedy:
-                verdict = verify_greedy(sub.tokens, greedy_tokens(logits).tolist())
+            if sampler.greedy:  # the middle model's own picks where it gives them
+                picks = out.tokens[0] if greedy else greedy_tokens(out.logits[0])
+                verdict = verify_greedy(sub.tokens, picks.tolist())
             else:
-                p = sampler.probs(logits)
+                p = sampler.probs(out.logits[0])
                 verdict = verify_sampling(sub.tokens, sub.q, p, sampler)
                 rows.append(p[: verdict.accepted + 1])
             produced += sub.tokens[: verdict.accepted] + [verdict.next_token]

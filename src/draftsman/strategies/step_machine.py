@@ -33,7 +33,7 @@ from draftsman.models.protocol import Cache
 from draftsman.models.ragged import Segment
 from draftsman.proposers.base import Proposal, Proposer
 from draftsman.sampling import Sampler, greedy_tokens
-from draftsman.state import ModelState
+from draftsman.state import ModelState, reads_greedy_tokens
 from draftsman.strategies.base import check_fits
 from draftsman.strategies.gamma import CostModelGamma, Feedback, GammaPolicy
 from draftsman.verification.chain import Verdict, verify_greedy, verify_sampling
@@ -252,11 +252,14 @@ class SpeculativeSteps:
         self.state.forwards += 1
 
     def accept(self, logits: torch.Tensor | None, forward_seconds: float,
-               cost_seconds: float | None = None) -> Step | None:
-        """logits [rows.logits_rows, V] of this request's rows. `forward_seconds`: the
-        forward's wall time (what this request waited); `cost_seconds`: its share of the
-        forward in one-request terms, for the policy's cost estimate (default: all of it).
-        None while a prompt chunk before the last was read."""
+               cost_seconds: float | None = None, *,
+               tokens: torch.Tensor | None = None) -> Step | None:
+        """logits [rows.logits_rows, V] of this request's rows, or, from a forward that
+        picked them itself (`reads_greedy_tokens`), their greedy tokens [rows.logits_rows]
+        and logits None. `forward_seconds`: the forward's wall time (what this request
+        waited); `cost_seconds`: its share of the forward in one-request terms, for the
+        policy's cost estimate (default: all of it). None while a prompt chunk before the
+        last was read."""
         rows, timer = self._rows, self.timer
         assert rows is not None, "accept() before rows()"
         self._rows = None
@@ -267,12 +270,13 @@ class SpeculativeSteps:
             if self.prefilling:
                 return None
             with timer("verify"):
-                first = self.budget.clip([self.sampler.pick(logits[-1])])
+                pick = int(tokens[-1]) if tokens is not None else self.sampler.pick(logits[-1])
+                first = self.budget.clip([pick])
             self.committed += first
             return self._step(first, ["target"], prefill=True)
         proposal = self.proposal
         with timer("verify"):
-            verdict = self._verify(proposal, logits)
+            verdict = self._verify(proposal, logits, tokens)
         new = self.budget.clip(proposal.tokens[: verdict.accepted] + [verdict.next_token])
         self.committed += new
         with timer("other"):
@@ -314,7 +318,10 @@ class SpeculativeSteps:
             if release is not None:
                 release()
 
-    def _verify(self, proposal: Proposal, logits: torch.Tensor) -> Verdict:
+    def _verify(self, proposal: Proposal, logits: torch.Tensor | None,
+                tokens: torch.Tensor | None) -> Verdict:
+        if tokens is not None:  # the forward's own greedy picks, [γ+1]
+            return verify_greedy(proposal.tokens, tokens.tolist())
         if self.sampler.greedy:  # [γ+1, V] -> the target's choice after each prefix
             return verify_greedy(proposal.tokens, greedy_tokens(logits).tolist())
         return verify_sampling(proposal.tokens, proposal.q, self.sampler.probs(logits),
@@ -330,13 +337,15 @@ class SpeculativeSteps:
 
 def run_alone(machine: SpeculativeSteps) -> Iterator[Step]:
     """Drive one request by itself: one forward of its own rows per step."""
+    greedy = reads_greedy_tokens(machine.state.model, machine.sampler.greedy)
     while not machine.done:
         machine.propose()
         rows = machine.rows()
         at = None if rows.logits_from is None else slice(rows.logits_from, None)
         t0 = time.perf_counter()
-        out = machine.state.feed(rows.tokens, logits_at=at)
+        out = machine.state.feed(rows.tokens, logits_at=at, greedy=greedy)
         seconds = time.perf_counter() - t0
-        step = machine.accept(None if out.logits is None else out.logits[0], seconds)
+        step = machine.accept(None if out.logits is None else out.logits[0], seconds,
+                              tokens=None if out.tokens is None else out.tokens[0])
         if step is not None:
             yield step

@@ -28,7 +28,7 @@ from draftsman.models.base import DecoderLM
 from draftsman.models.protocol import Cache
 from draftsman.proposers.base import Proposer
 from draftsman.sampling import Sampler
-from draftsman.state import ModelState
+from draftsman.state import ModelState, reads_greedy_tokens
 from draftsman.strategies.base import Strategy, check_fits
 from draftsman.strategies.branches import BranchPlanner
 from draftsman.strategies.gamma import GammaPolicy
@@ -52,8 +52,12 @@ def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,
     after every node."""
     lay = tree.layout
     branching = any(len(c) > 1 for c in tree.children)
+    greedy = reads_greedy_tokens(state.model, sampler.greedy)
     out = state.forward_rows(pending[:-1] + tree.tokens, lay.offsets + lay.prefix,
-                             mask=lay.mask if branching else None, logits_at=lay.node_rows)
+                             mask=lay.mask if branching else None, logits_at=lay.node_rows,
+                             greedy=greedy)
+    if greedy:
+        return settle_tree(state, tree, pending[:-1], None, sampler, out.tokens[0])
     return settle_tree(state, tree, pending[:-1], out.logits[0], sampler)
 
 

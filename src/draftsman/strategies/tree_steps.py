@@ -84,12 +84,15 @@ def chain_feedback(tree: DraftTree, verdict: TreeVerdict, branch: int, argmax: l
 
 
 def settle_tree(state: ModelState, tree: DraftTree, prefix_tokens: list[int],
-                logits: torch.Tensor, sampler: Sampler) -> tuple[TreeVerdict, list[int]]:
+                logits: torch.Tensor | None, sampler: Sampler,
+                tokens: torch.Tensor | None = None) -> tuple[TreeVerdict, list[int]]:
     """After a forward wrote [prefix_tokens, tree] as scratch rows after the state's fed
     tokens: judge the tree on its nodes' logits [C, V] (greedy matching or recursive
-    rejection) and keep the accepted path next to the prefix (a backend without exact
-    tree keeps keeps the path's leading in-order nodes). (verdict, target argmax per node)."""
-    argmax = greedy_tokens(logits).tolist()
+    rejection), or on their greedy tokens [C] where the forward picked them itself (greedy
+    only; logits None), and keep the accepted path next to the prefix (a backend without
+    exact tree keeps keeps the path's leading in-order nodes). (verdict, target argmax per
+    node)."""
+    argmax = (tokens if tokens is not None else greedy_tokens(logits)).tolist()
     if sampler.greedy:
         verdict = verify_tree_greedy(tree.tokens, tree.children, argmax)
     else:
@@ -175,19 +178,20 @@ class TreeSteps(SpeculativeSteps):
             self.state.forwards += 1
 
     def accept(self, logits: torch.Tensor | None, forward_seconds: float,
-               cost_seconds: float | None = None) -> Step | None:
+               cost_seconds: float | None = None, *,
+               tokens: torch.Tensor | None = None) -> Step | None:
         rows, timer = self._rows, self.timer
         assert rows is not None, "accept() before rows()"
         if rows.prefill:
-            return super().accept(logits, forward_seconds, cost_seconds)
+            return super().accept(logits, forward_seconds, cost_seconds, tokens=tokens)
         self._rows = None
         self._forwards += 1
         tree = self.tree
-        assert tree is not None and logits is not None
+        assert tree is not None and (logits is not None or tokens is not None)
         timer.seconds["verify"] = timer.seconds.get("verify", 0.0) + forward_seconds
         with timer("verify"):
             verdict, argmax = settle_tree(self.state, tree, rows.tokens[:tree.layout.prefix],
-                                          logits, self.sampler)
+                                          logits, self.sampler, tokens)
         path = verdict.path
         accepted = [tree.tokens[n] for n in path[1:]]
         new = self.budget.clip(accepted + [verdict.next_token])
