@@ -204,3 +204,42 @@ def test_greedy_verifies_read_the_heads_tokens_and_stay_exact(q8_model, tree, mo
                         lambda self, hidden: (real(self, hidden) + 1) % vocab)
     wrong, _ = run(method(), prompt, max_new=24)
     assert wrong != want
+
+
+def batch_outputs(model, configs, monkeypatch) -> tuple[list[list[int]], list[int]]:
+    """Prompt-lookup requests under `configs` decoded together by the batch scheduler: their
+    tokens, and the rows of every greedy_head call the shared forwards made."""
+    from draftsman.batching.scheduler import BatchConfig, BatchScheduler
+    from draftsman.core import GenerationConfig
+
+    calls, real = [], DecoderLM.greedy_head
+    monkeypatch.setattr(DecoderLM, "greedy_head",
+                        lambda self, hidden: calls.append(hidden.shape[1]) or real(self, hidden))
+    scheduler = BatchScheduler(model, BatchConfig(max_batch=len(configs), prefill_chunk=4),
+                               lambda n: 1.0 + 0.02 * (n - 1))
+    outputs = [[] for _ in configs]
+    for i, (prompt, sampling) in enumerate(zip(prompts(len(configs)), configs, strict=True)):
+        method = Speculative(model, PromptLookupProposer(), make_policy(4, None))
+        scheduler.submit(method.steps(prompt, GenerationConfig(16, sampling), 4),
+                         lambda s, i=i: outputs[i].extend(s.tokens))
+    while not scheduler.idle:
+        scheduler.step()
+    monkeypatch.setattr(DecoderLM, "greedy_head", real)
+    return outputs, calls
+
+
+def test_a_batch_of_greedy_requests_reads_the_heads_tokens_and_a_mixed_one_logits(
+        q8_model, monkeypatch):
+    if not byte_records():
+        pytest.skip("no 8-bit records here")
+    from draftsman.sampling import SamplingConfig
+
+    greedy = SamplingConfig()
+    outputs, calls = batch_outputs(q8_model, [greedy, greedy], monkeypatch)
+    assert calls and max(calls) > 2  # the shared forwards' rows of both requests
+    for prompt, got in zip(prompts(2), outputs, strict=True):
+        assert got == run(Autoregressive(q8_model), prompt, max_new=16)[0]
+    outputs, calls = batch_outputs(q8_model, [greedy, SamplingConfig(1.0, seed=0)],
+                                   monkeypatch)
+    assert not calls  # a sampled request needs every row's logits
+    assert outputs[0] == run(Autoregressive(q8_model), prompts(1)[0], max_new=16)[0]
