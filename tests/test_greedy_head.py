@@ -9,12 +9,13 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize
+from test_q8_records import PATHS  # vectors, AMX tiles for every row count, tiles from 16
 from test_quant import gguf_model, quantised, random_blocks
 from test_speculative import prompts, run
 
 from draftsman.kernels import native
 from draftsman.kernels.greedy import greedy_tokens
-from draftsman.kernels.native import byte_records, kquant_amx, records_greedy
+from draftsman.kernels.native import byte_records, records_greedy
 from draftsman.models.base import DecoderLM
 from draftsman.models.int8_linear import TYPE_I8_ROW, Int8RecordsMatrix
 from draftsman.models.static_step import STATIC_LACKS
@@ -27,11 +28,6 @@ from draftsman.strategies.tree_speculative import TreeSpeculative
 
 pytestmark = pytest.mark.skipif(not records_greedy(),
                                 reason="no AVX-512 VNNI records here: the head stores logits")
-NO_AMX = pytest.mark.skipif(not kquant_amx(),
-                            reason="no AMX-INT8 tiles on this CPU (or not granted)")
-# by tile_rows: vectors (0), AMX tiles for every row count (1), tiles from 16 rows
-PATHS = [pytest.param(0, id="vectors"), pytest.param(1, id="all-tiles", marks=NO_AMX),
-         pytest.param(16, id="tiles", marks=NO_AMX)]
 KINDS = ["q4_k", "q6_k", "q8_0", "int8-rows"]
 N = 16 * 37 + 5  # output columns: 38 groups, the last of 5
 
