@@ -82,8 +82,15 @@ def test_profile_json_records_where_and_how_it_was_timed(tmp_path, models, monke
     least, mid, most = ratios["2"]
     assert least == mid == most and abs(most - out["latency"]["2"] / out["latency"]["1"]) < 1e-9
     assert out["settings"] == {"model": str(models[0]), "backend": "torch", "lengths": [1, 2],
-                               "context": 8, "repeats": 1}
+                               "context": 8, "repeats": 1, "greedy": False}
     env = out["env"]
     assert env["threads"] == 1 and env["dtype"] == "fp32" and "git_commit" in env
     assert {"cpu", "isa", "cores", "torch"} <= set(env)
     assert out["command"].startswith("draftsman")
+    # greedy verifies: their own profile, named so, beside the logits one
+    assert main(["profile", "--target", str(models[0]), "--dtype", "fp32", "--device", "cpu",
+                 "--lengths", "1,2", "--context", "8", "--repeats", "1", "--threads", "1",
+                 "--json", "--greedy"]) == 0
+    greedy = json.loads(capsys.readouterr().out)
+    assert greedy["settings"]["greedy"] and greedy["profile"].endswith("-fp32-greedy-t1.json")
+    assert set(greedy["latency"]) == {"1", "2"} and greedy["profile"] != out["profile"]
