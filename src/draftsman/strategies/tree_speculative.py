@@ -56,9 +56,9 @@ def verify_tree(state: ModelState, pending: list[int], tree: DraftTree,
     out = state.forward_rows(pending[:-1] + tree.tokens, lay.offsets + lay.prefix,
                              mask=lay.mask if branching else None, logits_at=lay.node_rows,
                              greedy=greedy)
-    if greedy:
-        return settle_tree(state, tree, pending[:-1], None, sampler, out.tokens[0])
-    return settle_tree(state, tree, pending[:-1], out.logits[0], sampler)
+    logits = None if out.logits is None else out.logits[0]
+    tokens = None if out.tokens is None else out.tokens[0]
+    return settle_tree(state, tree, pending[:-1], logits, sampler, tokens)
 
 
 class TreeSpeculative(Strategy):
