@@ -17,7 +17,13 @@ import pytest
 import torch
 
 import draftsman
-from draftsman.backends.llama_cpp import LlamaCppLM, amx_kernels_built, install_dir, repack
+from draftsman.backends.llama_cpp import (
+    LlamaCppLM,
+    amx_kernels_built,
+    exact_rows,
+    install_dir,
+    repack,
+)
 from draftsman.bench.contestants import Sampling
 from draftsman.bench.peer_llama_cpp import LOOKUP_BINARY, LlamaCppLookupPeer, LlamaCppPlainPeer
 from draftsman.engine import LoadedModel
@@ -396,7 +402,10 @@ def test_fast_mode_is_the_default_and_declared():
 
 def test_bitwise_mode_is_declared(smol):
     model = smol.target.model
-    assert model.capabilities.numerics == "llama.cpp-bitwise" and model.piece_rows(8) == 3
+    assert model.capabilities.numerics == "llama.cpp-bitwise"
+    assert model.piece_rows(8) == exact_rows()
+    # the AMX kernels take every matmul of 2+ rows onto their tiles; else up to 3 stay on GEMV
+    assert exact_rows() == (1 if amx_kernels_built() and repack() else 3)
 
 
 def test_fast_mode_is_exact_above_the_margin_bound(fast_pair):
@@ -432,22 +441,25 @@ def test_lookup_peer_real_run_matches_the_plain_loop(fast_pair):
 
 
 @pytest.mark.skipif("amx_int8" not in cpu_flags(), reason="no AMX on this CPU")
-def test_amx_cpu_loads_with_repacked_weights_and_no_amx_kernels():
-    """On an AMX CPU `make setup` compiles ggml's AMX kernels out (their matmul crashes in the
-    pinned llama.cpp) so that models keep llama.cpp's repacked AVX-512 weights. Checked in a
-    child process, since the crash is a segfault: the build has no AMX kernels, a model loads
-    with extra buffer types on and decodes, and a repacked buffer was actually made."""
-    assert not amx_kernels_built() and repack()
+def test_amx_cpu_runs_the_mended_amx_kernels_on_repacked_weights():
+    """On an AMX CPU `make setup` builds ggml's AMX kernels with their tile configuration
+    mended (scripts/patch_llama_cpp.py; unmended, the first multi-row matmul segfaulted), and
+    models load with extra buffer types on: the AMX buffer. Checked in a child process, since
+    the crash is a segfault: the build has the AMX kernels, a model's weights go to the AMX
+    buffer, a prompt of many rows (the tiles) and a decode run, and bitwise pieces are one
+    row (two rows already take the tiles)."""
+    assert amx_kernels_built() and repack() and exact_rows() == 1
     code = (
         "import draftsman\n"
         "import ctypes\n"
         "from draftsman.backends.llama_cpp import install_dir\n"
         "cpu = ctypes.CDLL(str(install_dir() / 'lib' / 'libggml-cpu.so'))\n"
-        "assert cpu.ggml_cpu_has_amx_int8() == 0\n"
+        "assert cpu.ggml_cpu_has_amx_int8() == 1\n"
         f"e = draftsman.load({SMOL!r}, backend='llama.cpp')\n"
-        "print(e.generate('def fibonacci(n):', max_new_tokens=24).new_tokens)\n")
+        "prompt = 'def fibonacci(n):\\n    ' * 8\n"
+        "print(e.generate(prompt, max_new_tokens=24).new_tokens)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "DRAFTSMAN_LLAMA_CPP_VERBOSE": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) > 0
-    assert "REPACK" in done.stderr, done.stderr[-2000:]
+    assert "AMX model buffer" in done.stderr, done.stderr[-2000:]

@@ -61,12 +61,13 @@ DEFAULT_NUMERICS = "fast"
 # llama.cpp's CPU kernels are not batch-invariant: a ubatch of 4+ rows goes through the
 # repacked GEMM kernels, whose logits differ from the one-row GEMV path by up to ~0.6 (1.5B,
 # Q4_K). Up to 3 rows every row takes the GEMV path and is bit-identical to decoding it alone,
-# so in bitwise mode short inputs (verify, catch-up) are fed in pieces of EXACT_ROWS: greedy
-# speculation then reproduces this backend's own token-by-token output exactly (with the
-# attention settings of `_bitwise_attention`). The verify cost then grows linearly in the
-# rows (README, "Numerics modes").
+# so in bitwise mode short inputs (verify, catch-up) are fed in pieces of `exact_rows()`:
+# greedy speculation then reproduces this backend's own token-by-token output exactly (with
+# the attention settings of `_bitwise_attention`). The verify cost then grows linearly in the
+# rows (README, "Numerics modes"). ggml's AMX kernels take every matmul of 2+ rows onto their
+# tiles: with them, one row a piece.
 EXACT_ROWS = 3
-SHORT = 64  # bitwise: inputs up to this many tokens are split into EXACT_ROWS pieces
+SHORT = 64  # bitwise: inputs up to this many tokens are split into exact_rows() pieces
 CONTEXT_STEP = 4096
 BATCH_CONTEXT = 4096  # tokens per sequence of the batch context
 
@@ -87,17 +88,28 @@ def build_info() -> dict[str, Any]:
 
 def amx_kernels_built() -> bool:
     """Whether this llama.cpp has ggml's AMX kernels. They place weights in an AMX "extra
-    buffer type" whose matmul crashes in the pinned llama.cpp (a segfault in
-    ggml_backend_amx_mul_mat, ggml-org/llama.cpp#20824), so such a build loads models
-    without extra buffer types (`use_extra_bufts`, `--no-repack`), losing the repacked
-    AVX-512 weights too. `make setup` compiles them out on AMX CPUs instead (the build
-    script), which keeps repacking on: llama.cpp at its best that is stable."""
+    buffer type", repacked for the tiles."""
     return bool(build_info().get("amx_kernels"))
 
 
+def amx_mended() -> bool:
+    """Whether the build's AMX matmul has its tile configuration mended
+    (scripts/patch_llama_cpp.py). Unmended, GCC drops the configuration's stores and the
+    first multi-row matmul segfaults (ggml-org/llama.cpp#20824), so such a build loads
+    models without extra buffer types (`use_extra_bufts`, `--no-repack`), losing the
+    repacked AVX-512 weights too."""
+    return bool(build_info().get("amx_tile_config_mended"))
+
+
 def repack() -> bool:
-    """Whether models load with llama.cpp's repacked (extra buffer type) weights."""
-    return not amx_kernels_built()
+    """Whether models load with llama.cpp's repacked (extra buffer type) weights: wherever
+    the build has no AMX kernels, or has them mended."""
+    return not amx_kernels_built() or amx_mended()
+
+
+def exact_rows() -> int:
+    """Rows a bitwise piece takes (EXACT_ROWS; one where the AMX tiles take 2+ rows)."""
+    return 1 if amx_kernels_built() and repack() else EXACT_ROWS
 
 
 def describe_build() -> dict[str, Any]:
@@ -105,12 +117,12 @@ def describe_build() -> dict[str, Any]:
     info = build_info()
     return {"version": info.get("version"), "native": info.get("native"),
             "extra_flags": info.get("extra_flags", ""), "amx_kernels": amx_kernels_built(),
-            "repack": repack()}
+            "amx_mended": amx_mended(), "repack": repack()}
 
 
 def model_params(lib: Any) -> Any:
     """llama.cpp model parameters for the CPU: no GPU layers; repacked weights unless the
-    build has the AMX kernels (see amx_kernels_built)."""
+    build has unmended AMX kernels (see amx_mended)."""
     params = lib.llama_model_default_params()
     params.n_gpu_layers = 0
     if not repack():
@@ -447,8 +459,8 @@ class LlamaCppLM:
 
     def piece_rows(self, n: int) -> int:
         """Rows per llama_decode for an input of n tokens: bitwise mode feeds short inputs
-        in EXACT_ROWS pieces, fast mode everything in BATCH pieces."""
-        return EXACT_ROWS if self.numerics == "bitwise" and n <= SHORT else BATCH
+        in exact_rows() pieces, fast mode everything in BATCH pieces."""
+        return exact_rows() if self.numerics == "bitwise" and n <= SHORT else BATCH
 
     def head(self, hidden: torch.Tensor, exit_head: Any = None) -> torch.Tensor:
         raise UnsupportedError("hidden states are not exposed by llama.cpp; use --backend torch")

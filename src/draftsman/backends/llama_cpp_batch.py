@@ -9,7 +9,7 @@ caches is one batch whose rows carry their request's sequence id; llama.cpp runs
 matrices together and each row attends to its own sequence only.
 
 Numerics follow the model's mode: `fast` feeds the whole batch at once (llama.cpp's batched
-kernels, rounding like any k-row verify); `bitwise` feeds pieces of EXACT_ROWS rows, which
+kernels, rounding like any k-row verify); `bitwise` feeds pieces of `exact_rows()` rows, which
 take the one-row kernels and are identical to decoding each request alone, at the cost of
 reading the weights once per piece.
 
