@@ -14,7 +14,7 @@ shift || true
 TARGETS=("${@:-llama}")
 VERSION=0.3.36
 # the stamps' name: a change of how it is built (flags, mends) builds it again
-BUILD_ID="$VERSION-amx-mend-${DRAFTSMAN_LLAMA_AMX:-1}"
+BUILD_ID="$VERSION-amx-mends-2-${DRAFTSMAN_LLAMA_AMX:-1}"
 PREFIX="$VENV/llama.cpp"
 SRC="$PREFIX/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
 BUILD="$PREFIX/build"
@@ -33,11 +33,12 @@ if [[ ! -d "$SRC" ]]; then
 fi
 # On AMX CPUs a native build compiles ggml's AMX matmul. As vendored it crashes on the first
 # multi-row matmul when GCC drops the stores of its tile configuration
-# (ggml-org/llama.cpp#20824); scripts/patch_llama_cpp.py mends that, and so mended it is
-# llama.cpp at its best there: prompts 1.6-1.75x faster than the AVX-512 repacked kernels,
-# one-token decoding level (bench-results/llama-cpp-amx-kernels). DRAFTSMAN_LLAMA_AMX=0
-# compiles the AMX kernels out instead (GCC lets an explicit -mno-<isa> win over
-# -march=native), keeping AVX-512, VNNI and the repacked weights.
+# (ggml-org/llama.cpp#20824), and on the first after our own AMX kernels ran in its threads;
+# scripts/patch_llama_cpp.py mends both, and so mended it is llama.cpp at its best there:
+# prompts of 8+ rows 1.2-1.75x faster than the AVX-512 repacked kernels, one-token decoding
+# level (bench-results/llama-cpp-amx-kernels). DRAFTSMAN_LLAMA_AMX=0 compiles the AMX kernels
+# out instead (GCC lets an explicit -mno-<isa> win over -march=native), keeping AVX-512, VNNI
+# and the repacked weights.
 ISA_FLAGS=""
 if grep -q amx_int8 /proc/cpuinfo 2>/dev/null && [[ "${DRAFTSMAN_LLAMA_AMX:-1}" == 0 ]]; then
   ISA_FLAGS="-mno-amx-int8 -mno-amx-tile -mno-amx-bf16"

@@ -463,3 +463,24 @@ def test_amx_cpu_runs_the_mended_amx_kernels_on_repacked_weights():
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) > 0
     assert "AMX model buffer" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.skipif("amx_int8" not in cpu_flags(), reason="no AMX on this CPU")
+def test_llama_cpp_amx_after_our_amx_kernels_in_one_process():
+    """Our AMX kernels configure the tiles their way and release them in threads llama.cpp
+    shares (the calling thread at least); ggml had loaded its configuration once per thread
+    and met unconfigured tiles afterwards: SIGILL, as a bench with the llama.cpp backend and
+    torch contestants in one process died. Mended, it configures on every call (the second
+    mend of scripts/patch_llama_cpp.py). A child process, as the failure is a signal."""
+    code = (
+        "import draftsman\n"
+        f"ll = draftsman.load({SMOL!r}, backend='llama.cpp')\n"
+        "prompt = 'def fibonacci(n):\\n    ' * 8\n"
+        "ll.generate(prompt, max_new_tokens=8)\n"
+        f"t = draftsman.load({SMOL!r}, backend='torch', dtype='q8')\n"
+        "t.generate(prompt * 4, max_new_tokens=4)\n"
+        "print(ll.generate(prompt + 'x', max_new_tokens=8).new_tokens)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert int(done.stdout.split()[-1]) > 0

@@ -95,9 +95,10 @@ def amx_kernels_built() -> bool:
 def amx_mended() -> bool:
     """Whether the build's AMX matmul has its tile configuration mended
     (scripts/patch_llama_cpp.py). Unmended, GCC drops the configuration's stores and the
-    first multi-row matmul segfaults (ggml-org/llama.cpp#20824), so such a build loads
-    models without extra buffer types (`use_extra_bufts`, `--no-repack`), losing the
-    repacked AVX-512 weights too."""
+    first multi-row matmul segfaults (ggml-org/llama.cpp#20824), and once our own AMX kernels
+    have run in the process its tiles are unconfigured (SIGILL); such a build loads models
+    without extra buffer types (`use_extra_bufts`, `--no-repack`), losing the repacked
+    AVX-512 weights too."""
     return bool(build_info().get("amx_tile_config_mended"))
 
 
