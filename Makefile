@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-$(STAMP): pyproject.toml scripts/build_llama_cpp.sh
+$(STAMP): pyproject.toml scripts/build_llama_cpp.sh scripts/patch_llama_cpp.py
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet torch==2.13.0
