@@ -22,6 +22,7 @@ from draftsman.backends.llama_cpp import (
     amx_kernels_built,
     exact_rows,
     install_dir,
+    numerics_key,
     repack,
 )
 from draftsman.bench.contestants import Sampling
@@ -396,13 +397,13 @@ def check_exact_above_margin(engine, runs, tokens: int) -> None:
 def test_fast_mode_is_the_default_and_declared():
     ensure_model(SMOL)
     model = draftsman.load(SMOL, backend="llama.cpp").target.model
-    assert model.numerics == "fast" and model.capabilities.numerics == "llama.cpp-fast"
+    assert model.numerics == "fast" and model.capabilities.numerics == numerics_key("fast")
     assert model.piece_rows(8) > 8  # a verify goes in one llama_decode
 
 
 def test_bitwise_mode_is_declared(smol):
     model = smol.target.model
-    assert model.capabilities.numerics == "llama.cpp-bitwise"
+    assert model.capabilities.numerics == numerics_key("bitwise")
     assert model.piece_rows(8) == exact_rows()
     # the AMX kernels take every matmul of 2+ rows onto their tiles; else up to 3 stay on GEMV
     assert exact_rows() == (1 if amx_kernels_built() and repack() else 3)
@@ -484,3 +485,17 @@ def test_llama_cpp_amx_after_our_amx_kernels_in_one_process():
                           timeout=300)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert int(done.stdout.split()[-1]) > 0
+
+
+@pytest.mark.parametrize(("info", "key"), [
+    ({"amx_kernels": False}, "llama.cpp-fast"),
+    ({"amx_kernels": True, "amx_tile_config_mended": True}, "llama.cpp-fast-amx"),
+    ({"amx_kernels": True}, "llama.cpp-fast-norepack"),
+])
+def test_cost_profiles_are_keyed_by_the_kernels_the_build_runs(monkeypatch, info, key):
+    """A build on ggml's AMX tiles (or without repacked weights) verifies at another cost
+    than the build before it: its forward-cost profile must not be the old one's."""
+    monkeypatch.setattr("draftsman.backends.llama_cpp.build_info",
+                        lambda: {"version": "0.3.36", **info})
+    assert numerics_key("fast") == key
+    assert numerics_key("bitwise") == key.replace("fast", "bitwise")

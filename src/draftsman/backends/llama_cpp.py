@@ -181,8 +181,13 @@ def check_numerics(numerics: str) -> None:
 
 
 def numerics_key(numerics: str) -> str:
-    """What forward-cost profiles are keyed by: each mode has its own verify cost curve."""
-    return f"llama.cpp-{numerics}"
+    """What forward-cost profiles are keyed by: each mode has its own verify cost curve, and so
+    does each set of kernels a build runs: matmuls of 2+ rows on ggml's AMX tiles (prompts of
+    8+ rows 1.2-1.75x cheaper than repacked AVX-512), or on weights loaded without repacking.
+    A curve measured on other kernels would mislead the cost model."""
+    if not repack():
+        return f"llama.cpp-{numerics}-norepack"
+    return f"llama.cpp-{numerics}" + ("-amx" if amx_kernels_built() else "")
 
 
 class LlamaCppCache:
