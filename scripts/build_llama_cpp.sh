@@ -36,9 +36,9 @@ fi
 # (ggml-org/llama.cpp#20824), and on the first after our own AMX kernels ran in its threads;
 # scripts/patch_llama_cpp.py mends both, and so mended it is llama.cpp at its best there:
 # prompts of 8+ rows 1.2-1.75x faster than the AVX-512 repacked kernels, one-token decoding
-# level (bench-results/llama-cpp-amx-kernels). DRAFTSMAN_LLAMA_AMX=0 compiles the AMX kernels
-# out instead (GCC lets an explicit -mno-<isa> win over -march=native), keeping AVX-512, VNNI
-# and the repacked weights.
+# within a few percent (bench-results/llama-cpp-amx-kernels). DRAFTSMAN_LLAMA_AMX=0 compiles
+# the AMX kernels out instead (GCC lets an explicit -mno-<isa> win over -march=native),
+# keeping AVX-512, VNNI and the repacked weights.
 ISA_FLAGS=""
 if grep -q amx_int8 /proc/cpuinfo 2>/dev/null && [[ "${DRAFTSMAN_LLAMA_AMX:-1}" == 0 ]]; then
   ISA_FLAGS="-mno-amx-int8 -mno-amx-tile -mno-amx-bf16"
