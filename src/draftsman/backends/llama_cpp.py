@@ -110,7 +110,7 @@ def repack() -> bool:
 
 def exact_rows() -> int:
     """Rows a bitwise piece takes (EXACT_ROWS; one where the AMX tiles take 2+ rows)."""
-    return 1 if amx_kernels_built() and repack() else EXACT_ROWS
+    return 1 if amx_kernels_built() and amx_mended() else EXACT_ROWS
 
 
 def describe_build() -> dict[str, Any]:
@@ -285,6 +285,7 @@ class LlamaCppLM:
         self.numerics = numerics
         # per instance: the mode keys this model's forward-cost profile
         self.capabilities = replace(LlamaCppLM.capabilities, numerics=numerics_key(numerics))
+        self.exact_rows = exact_rows()  # read from the build's info once, not every forward
         lib = llama()
         self.lib = lib
         self.path = Path(gguf)
@@ -466,7 +467,7 @@ class LlamaCppLM:
     def piece_rows(self, n: int) -> int:
         """Rows per llama_decode for an input of n tokens: bitwise mode feeds short inputs
         in exact_rows() pieces, fast mode everything in BATCH pieces."""
-        return exact_rows() if self.numerics == "bitwise" and n <= SHORT else BATCH
+        return self.exact_rows if self.numerics == "bitwise" and n <= SHORT else BATCH
 
     def head(self, hidden: torch.Tensor, exit_head: Any = None) -> torch.Tensor:
         raise UnsupportedError("hidden states are not exposed by llama.cpp; use --backend torch")
