@@ -25,6 +25,7 @@ EXPORTS=(
   "qwen2.5-coder-1.5b-instruct int4"
   "qwen2.5-coder-0.5b-instruct int4"
   "qwen2.5-coder-1.5b-instruct int8"
+  "qwen2.5-coder-0.5b-instruct int8"
 )
 # the exporter's pins: optimum-intel 2.2 wants transformers<5.6 (whose tokenizers is <=0.23.0);
 # torch is draftsman's own CPU build (any other spec pulls CUDA packages)

@@ -34,6 +34,11 @@ def test_parse_peers_openvino() -> None:
         parse_peers(["openvino:assisted"])
     with pytest.raises(InvalidArgumentError, match="openvino"):
         parse_peers(["openvin"])
+    # the 8-bit exports are a peer of their own, with the same variants
+    assert parse_peers(["openvino-int8:plain; openvino:plain"]) == [
+        ("openvino-int8", "plain"), ("openvino", "plain")]
+    assert [peer.label(v, w) for v in ("plain", "lookup") for w in ("int4", "int8")] == [
+        "openvino", "openvino-int8", "openvino:lookup", "openvino-int8:lookup"]
 
 
 def test_missing_package_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -56,6 +61,8 @@ def test_missing_export_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert openvino_peers(engine, BenchConfig(), []) == []
     with pytest.raises(BackendError, match="no OpenVINO export"):
         openvino_peers(engine, BenchConfig(target=f"/somewhere/{TARGET}/"), ["plain"])
+    with pytest.raises(BackendError, match=f"{TARGET}-int8 has no"):
+        openvino_peers(engine, BenchConfig(target=TARGET), ["plain"], "int8")
 
 
 def test_an_exported_folder_is_taken_as_is(tmp_path: Path) -> None:
@@ -72,23 +79,24 @@ def test_greedy_only() -> None:
         contestant.run([1, 2, 3], Sampling(max_new_tokens=4, temperature=0.7), 0)
 
 
-def _export() -> Path | None:
+def _export(weights: str) -> Path | None:
     if importlib.util.find_spec("openvino_genai") is None:
         return None
     try:
-        return peer.exported_folder(TARGET)
+        return peer.exported_folder(TARGET, weights)
     except BackendError:
         return None
 
 
 @pytest.mark.real
 @pytest.mark.slow
-@pytest.mark.skipif(_export() is None, reason="needs openvino-genai and `make openvino`")
-def test_plain_and_lookup_agree_under_greedy() -> None:
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_plain_and_lookup_agree_under_greedy(weights: str) -> None:
+    folder = _export(weights)
+    if folder is None:
+        pytest.skip(f"needs openvino-genai and `make openvino` ({TARGET}-{weights})")
     from tokenizers import Tokenizer
 
-    folder = _export()
-    assert folder is not None
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     prompt = ("<|im_start|>user\nRepeat exactly, nothing else: the quick brown fox jumps over "
               "the lazy dog.<|im_end|>\n<|im_start|>assistant\n")
@@ -97,8 +105,9 @@ def test_plain_and_lookup_agree_under_greedy() -> None:
     sampling = Sampling(max_new_tokens=16)
     runs = {}
     for variant in ("plain", "lookup"):
-        contestant = peer.OpenVINOPeer(variant, folder, 2, eos)
-        assert contestant.options["weights"].startswith("int4")
+        contestant = peer.OpenVINOPeer(variant, folder, 2, eos, weights=weights)
+        assert contestant.options["weights"].startswith(weights)
+        assert contestant.label == peer.label(variant, weights)
         assert contestant.options["openvino_genai"] == peer.genai_version()
         runs[variant] = contestant.run(ids, sampling, 0)
     plain, lookup = runs["plain"], runs["lookup"]

@@ -1,6 +1,8 @@
 """OpenVINO GenAI as a peer: its `LLMPipeline` on the CPU, plain, with a draft model and with
-prompt lookup, on the default pair exported to OpenVINO IR with 4-bit weights
-(scripts/export_openvino.sh, `make openvino`).
+prompt lookup, on the default pair exported to OpenVINO IR (scripts/export_openvino.sh,
+`make openvino`): `openvino` on 4-bit weights, `openvino-int8` on 8-bit ones (target and
+draft alike). int4 is the peer at its best on the CPUs measured (bench-results/openvino-int8),
+so `openvino` means int4.
 
 - plain: `LLMPipeline(target, "CPU")`, greedy.
 - speculative: the same pipeline built with `draft_model=draft_model(draft, "CPU")` and
@@ -45,7 +47,9 @@ from draftsman.store.home import draftsman_home
 
 VARIANTS = ("plain", "speculative", "lookup")
 DEVICE = "CPU"
-WEIGHTS = "int4"  # the exported folders the peer loads: <name>-int4
+WEIGHTS = "int4"  # the exported folders `openvino` loads: <name>-int4
+# peer name -> the weight format of the exports it loads (<name>-<format>)
+PEERS = {"openvino": WEIGHTS, "openvino-int8": "int8"}
 SPECULATIVE_DRAFT_TOKENS = 5
 LOOKUP_DRAFT_TOKENS = 5
 LOOKUP_NGRAM = 3
@@ -54,8 +58,14 @@ EXPORT = "make openvino (or: scripts/export_openvino.sh)"
 _NNCF = re.compile(r'<(mode|group_size|ratio) value="([^"]*)"')
 
 
-def label(variant: str) -> str:
-    return "openvino" if variant == "plain" else f"openvino:{variant}"
+def peer_name(weights: str) -> str:
+    """`openvino` for the int4 exports, `openvino-<format>` for the others."""
+    return next(name for name, w in PEERS.items() if w == weights)
+
+
+def label(variant: str, weights: str = WEIGHTS) -> str:
+    name = peer_name(weights)
+    return name if variant == "plain" else f"{name}:{variant}"
 
 
 def genai() -> Any:
@@ -126,7 +136,8 @@ class OpenVINOPeer(Contestant):
     """One `openvino_genai.LLMPipeline`, built once, run on each prompt's token ids."""
 
     def __init__(self, variant: str, target: Path, threads: int, eos: frozenset[int], *,
-                 draft: Path | None = None, draft_name: str | None = None) -> None:
+                 draft: Path | None = None, draft_name: str | None = None,
+                 weights: str = WEIGHTS) -> None:
         if variant not in VARIANTS:
             raise InvalidArgumentError(f"unknown openvino variant {variant!r}")
         if variant == "speculative" and draft is None:
@@ -154,7 +165,7 @@ class OpenVINOPeer(Contestant):
             first = str(e).strip().splitlines()[:1]
             raise BackendError(f"OpenVINO could not load {target}: {first}") from None
         drafter = {"speculative": draft_name, "lookup": "prompt-lookup"}.get(variant)
-        super().__init__(label=label(variant), method=f"openvino-{variant}", kind="peer",
+        super().__init__(label=label(variant, weights), method=f"openvino-{variant}", kind="peer",
                          exactness="reference" if variant == "plain" else "exact",
                          drafter=drafter, options=options)
         self.variant = variant

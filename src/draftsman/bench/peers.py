@@ -37,12 +37,11 @@ COMPILED_CACHE_SLOTS = 4096
 def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
     """(peer, variant) pairs. `hf` -> plain, assisted and prompt-lookup (`compiled` only by
     name: it compiles a model of its own), `hf:plain,assisted` -> those;
-    `llama.cpp` and `openvino` -> their plain, speculative and lookup decoding; `;` or
-    repeated specs are merged."""
-    known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS,
-             "openvino": peer_openvino.VARIANTS}
-    default = {"hf": VARIANTS[:3], "llama.cpp": peer_llama_cpp.VARIANTS,
-               "openvino": peer_openvino.VARIANTS}
+    `llama.cpp` and `openvino` (`openvino-int8`: its 8-bit exports) -> their plain,
+    speculative and lookup decoding; `;` or repeated specs are merged."""
+    known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
+    known |= {name: peer_openvino.VARIANTS for name in peer_openvino.PEERS}
+    default = dict(known, hf=VARIANTS[:3])
     out: list[tuple[str, str]] = []
     for spec in specs or []:
         for item in (s.strip() for s in spec.split(";")):

@@ -28,6 +28,7 @@ import torch
 
 import draftsman
 from draftsman.backends.choose import AUTO
+from draftsman.bench import peer_openvino
 from draftsman.bench.auto_backend import choose_engine
 from draftsman.bench.contestants import (
     Contestant,
@@ -194,8 +195,9 @@ def build_contestants(engine: Any, config: BenchConfig) -> list[Contestant]:
     variants = [v for peer, v in peers if peer == "hf"]
     contestants += llama_cpp_peers(engine, config, [v for peer, v in peers
                                                     if peer == "llama.cpp"])
-    contestants += openvino_peers(engine, config, [v for peer, v in peers
-                                                   if peer == "openvino"])
+    for name, weights in peer_openvino.PEERS.items():
+        contestants += openvino_peers(engine, config, [v for peer, v in peers if peer == name],
+                                      weights)
     # transformers has no kernel for our q4 / q8 formats: it runs such an engine's folder in
     # bf16, its own CPU path
     hf_dtype = engine.dtype if isinstance(engine.dtype, torch.dtype) else torch.bfloat16
@@ -246,25 +248,24 @@ def llama_cpp_peers(engine: Any, config: BenchConfig, variants: list[str]) -> li
     return out
 
 
-def openvino_peers(engine: Any, config: BenchConfig, variants: list[str]) -> list[Contestant]:
-    """OpenVINO GenAI's decoding on the int4 exports of the target (and draft) under
-    $DRAFTSMAN_HOME/openvino (`make openvino`)."""
+def openvino_peers(engine: Any, config: BenchConfig, variants: list[str],
+                   weights: str = peer_openvino.WEIGHTS) -> list[Contestant]:
+    """OpenVINO GenAI's decoding on the exports of the target (and draft) with `weights`
+    (int4 or int8) under $DRAFTSMAN_HOME/openvino (`make openvino`)."""
     if not variants:
         return []
-    from draftsman.bench.peer_openvino import OpenVINOPeer, exported_folder
-
     threads = config.threads or torch.get_num_threads()
     eos = engine.target.tokenizer.eos_token_ids
-    target = exported_folder(config.target)
+    target = peer_openvino.exported_folder(config.target, weights)
     out: list[Contestant] = []
     for v in variants:
         draft = draft_folder = None
         if v == "speculative":
             draft = config.draft if config.draft and not is_model_free(config.draft) \
                 else engine.default_draft()
-            draft_folder = exported_folder(draft)
-        out.append(OpenVINOPeer(v, target, threads, eos, draft=draft_folder,
-                                draft_name=display_name(draft)))
+            draft_folder = peer_openvino.exported_folder(draft, weights)
+        out.append(peer_openvino.OpenVINOPeer(v, target, threads, eos, draft=draft_folder,
+                                              draft_name=display_name(draft), weights=weights))
     return out
 
 

@@ -54,13 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--peer", dest="peers", action="append", default=None,
                    metavar="hf[:plain,assisted,prompt-lookup,compiled] | "
                            "llama.cpp[:plain,speculative,lookup] | "
-                           "openvino[:plain,speculative,lookup]",
+                           "openvino[-int8][:plain,speculative,lookup]",
                    help="also time Hugging Face transformers generate (hf = plain, assisted "
                         "and prompt-lookup; compiled = its static cache + torch.compile), "
                         "llama.cpp's own plain, speculative and lookup decoding on the same "
                         "GGUF weights (llama.cpp = all three) or OpenVINO GenAI's on int4 "
-                        "exports of the same models (openvino = all three; `make openvino`); "
-                        "repeatable")
+                        "exports of the same models (openvino = all three; openvino-int8: on "
+                        "int8 exports; `make openvino`); repeatable")
     p.add_argument("--turns", choices=["first", "all"], default=None,
                    help="multi-turn prompts (MT-Bench): time the first turn or all turns "
                         "(default: first)")
