@@ -68,7 +68,7 @@ def test_parse_refuses_incomplete_output(stdout: str, stderr: str, message: str)
 
 
 def _fake_peer(monkeypatch: pytest.MonkeyPatch, stdout: str, calls: list[list[str]],
-               files: list[str]) -> peer.LlamaCppLookupPeer:
+               files: list[str], draft_length: int | None = None) -> peer.LlamaCppLookupPeer:
     monkeypatch.setattr(peer, "ensure_binary", lambda name: Path("/bin") / name)
     monkeypatch.setattr(peer, "repack", lambda: True)
 
@@ -78,7 +78,8 @@ def _fake_peer(monkeypatch: pytest.MonkeyPatch, stdout: str, calls: list[list[st
         return subprocess.CompletedProcess(cmd, 0, stdout, LOOKUP_STDERR)
 
     monkeypatch.setattr(peer.subprocess, "run", run)
-    return peer.LlamaCppLookupPeer(Path("t.gguf"), 2, FakeTokenizer(), frozenset({0}))
+    return peer.LlamaCppLookupPeer(Path("t.gguf"), 2, FakeTokenizer(), frozenset({0}),
+                                   draft_length)
 
 
 def test_lookup_peer_command_and_counting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,6 +99,17 @@ def test_lookup_peer_command_and_counting(monkeypatch: pytest.MonkeyPatch) -> No
     assert out.token_ids == tok.encode("The quic") and out.finish == "length"
     assert out.seconds == pytest.approx(1.256 + 0.373)
     assert p.acceptance == [pytest.approx(1.0)]
+    assert "--spec-draft-n-max" not in cmd and p.options == {}  # llama.cpp's own default
+
+
+def test_lookup_peer_with_a_draft_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lookup=8`: the program is told to draft up to 8 tokens; label and options say so."""
+    calls: list[list[str]] = []
+    p = _fake_peer(monkeypatch, LOOKUP_STDOUT, calls, [], draft_length=8)
+    assert p.label == "llama.cpp:lookup=8" and p.options == {"draft_max": "8"}
+    p.run(FakeTokenizer().encode(PROMPT), Sampling(max_new_tokens=8), seed=0)
+    cmd = calls[0]
+    assert cmd[cmd.index("--spec-draft-n-max") + 1] == "8"
 
 
 def test_lookup_peer_stops_at_the_printed_end_of_turn(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,6 +39,17 @@ def test_parse_peers_openvino() -> None:
         ("openvino-int8", "plain"), ("openvino", "plain")]
     assert [peer.label(v, w) for v in ("plain", "lookup") for w in ("int4", "int8")] == [
         "openvino", "openvino-int8", "openvino:lookup", "openvino-int8:lookup"]
+    # a draft length for the drafting variants of llama.cpp and OpenVINO, and nowhere else
+    assert parse_peers(["openvino:lookup=3,lookup; llama.cpp:speculative=8"]) == [
+        ("openvino", "lookup=3"), ("openvino", "lookup"), ("llama.cpp", "speculative=8")]
+    assert peer.label("speculative", "int8", 8) == "openvino-int8:speculative=8"
+    for bad, message in [("openvino:plain=3", "takes no draft length"),
+                         ("hf:assisted=3", "takes no draft length"),
+                         ("llama.cpp:lookup=0", "bad draft length"),
+                         ("llama.cpp:lookup=x", "bad draft length"),
+                         ("openvino:lookup=65", "bad draft length")]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            parse_peers([bad])
 
 
 def test_missing_package_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -104,13 +115,17 @@ def test_plain_and_lookup_agree_under_greedy(weights: str) -> None:
     eos = frozenset(tokenizer.token_to_id(t) for t in ("<|im_end|>", "<|endoftext|>"))
     sampling = Sampling(max_new_tokens=16)
     runs = {}
-    for variant in ("plain", "lookup"):
-        contestant = peer.OpenVINOPeer(variant, folder, 2, eos, weights=weights)
+    for variant, length in (("plain", None), ("lookup", None), ("lookup", 3)):
+        contestant = peer.OpenVINOPeer(variant, folder, 2, eos, weights=weights,
+                                       draft_length=length)
         assert contestant.options["weights"].startswith(weights)
-        assert contestant.label == peer.label(variant, weights)
+        assert contestant.label == peer.label(variant, weights, length)
         assert contestant.options["openvino_genai"] == peer.genai_version()
-        runs[variant] = contestant.run(ids, sampling, 0)
-    plain, lookup = runs["plain"], runs["lookup"]
+        if variant == "lookup":
+            assert contestant.options["num_assistant_tokens"] == str(length or 5)
+        runs[variant, length] = contestant.run(ids, sampling, 0)
+    plain, lookup = runs["plain", None], runs["lookup", None]
+    assert runs["lookup", 3].token_ids == plain.token_ids
     assert 0 < len(plain.token_ids) <= 16 and plain.seconds > 0
     assert len(plain.token_ids) == 16 or plain.token_ids[-1] in eos
     assert "quick brown fox" in tokenizer.decode(plain.token_ids)

@@ -8,9 +8,10 @@ backend.
   loop is driven here with the benchmark's threads; nothing else differs.
 - speculative: the `llama-speculative-simple` program (built on first use by
   scripts/build_llama_cpp.sh) with the same draft GGUF and llama.cpp's default draft
-  settings.
+  settings (3 tokens a step; `speculative=N` drafts up to N, `--spec-draft-n-max`).
 - lookup: the `llama-lookup` program (built the same way): llama.cpp's prompt-lookup
-  decoding over n-grams of the prompt and of the text generated so far.
+  decoding over n-grams of the prompt and of the text generated so far (the same default
+  and `lookup=N`).
 
 The two programs' time is what they report for prompt processing plus decoding (model
 loading is excluded, as for every contestant); their text is tokenized back to count tokens.
@@ -39,8 +40,9 @@ _TIMING = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 
 
-def label(variant: str) -> str:
-    return "llama.cpp" if variant == "plain" else f"llama.cpp:{variant}"
+def label(variant: str, draft_length: int | None = None) -> str:
+    tail = "" if draft_length is None else f"={draft_length}"
+    return "llama.cpp" if variant == "plain" else f"llama.cpp:{variant}{tail}"
 
 
 def _check_greedy(sampling: Sampling) -> None:
@@ -133,9 +135,11 @@ class LlamaCppProgramPeer(Contestant):
     binary = ""
 
     def __init__(self, variant: str, target_gguf: Path, threads: int, tokenizer: Any,
-                 eos: frozenset[int], drafter: str) -> None:
-        super().__init__(label=label(variant), method=f"llama.cpp-{variant}", kind="peer",
-                         exactness="exact", drafter=drafter, options={})
+                 eos: frozenset[int], drafter: str, draft_length: int | None = None) -> None:
+        options = {} if draft_length is None else {"draft_max": str(draft_length)}
+        super().__init__(label=label(variant, draft_length), method=f"llama.cpp-{variant}",
+                         kind="peer", exactness="exact", drafter=drafter, options=options)
+        self.draft_length = draft_length
         self.program = ensure_binary(self.binary)
         self.target = target_gguf
         self.threads = threads
@@ -147,6 +151,11 @@ class LlamaCppProgramPeer(Contestant):
         """The program's own flags beyond the shared ones."""
         raise NotImplementedError
 
+    def length_arguments(self) -> list[str]:
+        """Both programs read the draft length from the same flag."""
+        return [] if self.draft_length is None else ["--spec-draft-n-max",
+                                                     str(self.draft_length)]
+
     def run(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Outcome:
         _check_greedy(sampling)
         prompt = self.tokenizer.backend.decode(prompt_ids, skip_special_tokens=False)
@@ -157,7 +166,8 @@ class LlamaCppProgramPeer(Contestant):
             cmd = [str(self.program), "-m", str(self.target), "-f", str(path),
                    "--temp", "0", "-t", str(self.threads), "-tb", str(self.threads),
                    "-c", str(len(prompt_ids) + sampling.max_new_tokens + 64), "--seed", "0",
-                   *self.arguments(sampling)] + ([] if repack() else ["--no-repack"])
+                   *self.arguments(sampling), *self.length_arguments()] \
+                + ([] if repack() else ["--no-repack"])
             r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=tmp)
         if r.returncode != 0:
             raise BackendError(f"{self.binary} failed ({r.returncode}): "
@@ -176,13 +186,15 @@ class LlamaCppProgramPeer(Contestant):
 
 
 class LlamaCppSpeculativePeer(LlamaCppProgramPeer):
-    """`llama-speculative-simple` with the draft GGUF and llama.cpp's default draft settings."""
+    """`llama-speculative-simple` with the draft GGUF and llama.cpp's default draft settings
+    (or `draft_length` tokens a step at most)."""
 
     binary = SPECULATIVE_BINARY
 
     def __init__(self, target_gguf: Path, draft_gguf: Path, draft_name: str, threads: int,
-                 tokenizer: Any, eos: frozenset[int]) -> None:
-        super().__init__("speculative", target_gguf, threads, tokenizer, eos, draft_name)
+                 tokenizer: Any, eos: frozenset[int], draft_length: int | None = None) -> None:
+        super().__init__("speculative", target_gguf, threads, tokenizer, eos, draft_name,
+                         draft_length)
         self.draft = draft_gguf
 
     def arguments(self, sampling: Sampling) -> list[str]:
@@ -192,13 +204,15 @@ class LlamaCppSpeculativePeer(LlamaCppProgramPeer):
 
 class LlamaCppLookupPeer(LlamaCppProgramPeer):
     """`llama-lookup`: prompt lookup over n-grams of the prompt and the text so far
-    (n-gram sizes 1-4, llama.cpp's default draft length), no cache kept between prompts."""
+    (n-gram sizes 1-4, llama.cpp's default draft length or `draft_length`), no cache kept
+    between prompts."""
 
     binary = LOOKUP_BINARY
 
     def __init__(self, target_gguf: Path, threads: int, tokenizer: Any,
-                 eos: frozenset[int]) -> None:
-        super().__init__("lookup", target_gguf, threads, tokenizer, eos, "prompt-lookup")
+                 eos: frozenset[int], draft_length: int | None = None) -> None:
+        super().__init__("lookup", target_gguf, threads, tokenizer, eos, "prompt-lookup",
+                         draft_length)
 
     def arguments(self, sampling: Sampling) -> list[str]:
         return ["-n", _limit(sampling)]

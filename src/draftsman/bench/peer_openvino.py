@@ -11,6 +11,7 @@ so `openvino` means int4.
   paged-attention backend used here the number is fixed, not adapted, per step).
 - lookup: the pipeline built with `prompt_lookup=True`, `num_assistant_tokens=5`,
   `max_ngram_size=3` (OpenVINO's documented prompt-lookup example settings).
+- `speculative=N` / `lookup=N`: `num_assistant_tokens=N` instead of 5.
 
 Fairness rules:
 - the prompt goes in as the same token ids as for every contestant (`TokenizedInputs`: no
@@ -63,9 +64,10 @@ def peer_name(weights: str) -> str:
     return next(name for name, w in PEERS.items() if w == weights)
 
 
-def label(variant: str, weights: str = WEIGHTS) -> str:
+def label(variant: str, weights: str = WEIGHTS, draft_length: int | None = None) -> str:
     name = peer_name(weights)
-    return name if variant == "plain" else f"{name}:{variant}"
+    tail = "" if draft_length is None else f"={draft_length}"
+    return name if variant == "plain" else f"{name}:{variant}{tail}"
 
 
 def genai() -> Any:
@@ -137,7 +139,7 @@ class OpenVINOPeer(Contestant):
 
     def __init__(self, variant: str, target: Path, threads: int, eos: frozenset[int], *,
                  draft: Path | None = None, draft_name: str | None = None,
-                 weights: str = WEIGHTS) -> None:
+                 weights: str = WEIGHTS, draft_length: int | None = None) -> None:
         if variant not in VARIANTS:
             raise InvalidArgumentError(f"unknown openvino variant {variant!r}")
         if variant == "speculative" and draft is None:
@@ -150,14 +152,16 @@ class OpenVINOPeer(Contestant):
         options = {"openvino_genai": genai_version(), "weights": weight_format(target),
                    "threads": str(threads)}
         extra: dict[str, Any] = {"scheduler_config": scheduler_config(ov_genai)}
+        self.draft_tokens = draft_length or {"speculative": SPECULATIVE_DRAFT_TOKENS,
+                                             "lookup": LOOKUP_DRAFT_TOKENS}.get(variant, 0)
         if variant == "speculative":
             assert draft is not None
             extra["draft_model"] = ov_genai.draft_model(str(draft), DEVICE, **props)
             options.update(draft_weights=weight_format(draft),
-                           num_assistant_tokens=str(SPECULATIVE_DRAFT_TOKENS))
+                           num_assistant_tokens=str(self.draft_tokens))
         elif variant == "lookup":
             extra["prompt_lookup"] = True
-            options.update(num_assistant_tokens=str(LOOKUP_DRAFT_TOKENS),
+            options.update(num_assistant_tokens=str(self.draft_tokens),
                            max_ngram_size=str(LOOKUP_NGRAM))
         try:
             self.pipeline = ov_genai.LLMPipeline(str(target), DEVICE, **extra, **props)
@@ -165,7 +169,8 @@ class OpenVINOPeer(Contestant):
             first = str(e).strip().splitlines()[:1]
             raise BackendError(f"OpenVINO could not load {target}: {first}") from None
         drafter = {"speculative": draft_name, "lookup": "prompt-lookup"}.get(variant)
-        super().__init__(label=label(variant, weights), method=f"openvino-{variant}", kind="peer",
+        super().__init__(label=label(variant, weights, draft_length),
+                         method=f"openvino-{variant}", kind="peer",
                          exactness="reference" if variant == "plain" else "exact",
                          drafter=drafter, options=options)
         self.variant = variant
@@ -180,10 +185,9 @@ class OpenVINOPeer(Contestant):
         if self.eos:
             config.eos_token_id = min(self.eos)
             config.stop_token_ids = set(self.eos)
-        if self.variant == "speculative":
-            config.num_assistant_tokens = SPECULATIVE_DRAFT_TOKENS
-        elif self.variant == "lookup":
-            config.num_assistant_tokens = LOOKUP_DRAFT_TOKENS
+        if self.variant in ("speculative", "lookup"):
+            config.num_assistant_tokens = self.draft_tokens
+        if self.variant == "lookup":
             config.max_ngram_size = LOOKUP_NGRAM
         return config
 

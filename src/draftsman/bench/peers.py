@@ -34,11 +34,29 @@ PROMPT_LOOKUP_TOKENS = 10
 COMPILED_CACHE_SLOTS = 4096
 
 
+# the variants of llama.cpp and OpenVINO whose draft length `variant=N` sets (`speculative=8`)
+SIZED_VARIANTS = ("speculative", "lookup")
+MAX_DRAFT_LENGTH = 64
+
+
+def split_variant(variant: str) -> tuple[str, int | None]:
+    """`speculative=8` -> ("speculative", 8): the variant and the draft length it asks for
+    (None: the peer's own default)."""
+    base, sep, length = variant.partition("=")
+    if not sep:
+        return base, None
+    if not length.isdigit() or not 1 <= int(length) <= MAX_DRAFT_LENGTH:
+        raise InvalidArgumentError(f"bad draft length in peer variant {variant!r}: give a whole "
+                                   f"number of tokens from 1 to {MAX_DRAFT_LENGTH}")
+    return base, int(length)
+
+
 def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
     """(peer, variant) pairs. `hf` -> plain, assisted and prompt-lookup (`compiled` only by
     name: it compiles a model of its own), `hf:plain,assisted` -> those;
     `llama.cpp` and `openvino` (`openvino-int8`: its 8-bit exports) -> their plain,
-    speculative and lookup decoding; `;` or repeated specs are merged."""
+    speculative and lookup decoding, whose draft length `speculative=N` / `lookup=N` sets
+    (else the peer's default); `;` or repeated specs are merged."""
     known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
     known |= {name: peer_openvino.VARIANTS for name in peer_openvino.PEERS}
     default = dict(known, hf=VARIANTS[:3])
@@ -54,9 +72,14 @@ def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
                     f"unknown peer {name!r}; the peers are {', '.join(known)}")
             wanted = [v.strip() for v in rest.split(",") if v.strip()] or list(default[name])
             for v in wanted:
-                if v not in known[name]:
+                base, length = split_variant(v)
+                if base not in known[name]:
                     raise InvalidArgumentError(
                         f"unknown {name} variant {v!r}; choose from {', '.join(known[name])}")
+                if length is not None and (name == "hf" or base not in SIZED_VARIANTS):
+                    raise InvalidArgumentError(
+                        f"{name}:{base} takes no draft length; `=N` is for the "
+                        f"{' and '.join(SIZED_VARIANTS)} variants of llama.cpp and openvino")
                 if (name, v) not in out:
                     out.append((name, v))
     return out

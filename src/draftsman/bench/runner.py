@@ -39,7 +39,7 @@ from draftsman.bench.contestants import (
 )
 from draftsman.bench.datasets import Prompt, load_dataset
 from draftsman.bench.metrics import step_metrics
-from draftsman.bench.peers import HFPeer, load_hf, parse_peers
+from draftsman.bench.peers import HFPeer, load_hf, parse_peers, split_variant
 from draftsman.bench.quality import (
     bleu_stats,
     first_divergence,
@@ -235,16 +235,18 @@ def llama_cpp_peers(engine: Any, config: BenchConfig, variants: list[str]) -> li
     eos = engine.target.tokenizer.eos_token_ids
     target = resolve_gguf(config.target)
     out: list[Contestant] = []
-    for v in variants:
+    for variant in variants:
+        v, length = split_variant(variant)
         if v == "plain":
             out.append(LlamaCppPlainPeer(target, threads, eos))
         elif v == "lookup":
-            out.append(LlamaCppLookupPeer(target, threads, engine.target.tokenizer, eos))
+            out.append(LlamaCppLookupPeer(target, threads, engine.target.tokenizer, eos,
+                                          length))
         else:
             draft = config.draft if config.draft and not is_model_free(config.draft) \
                 else engine.default_draft()
             out.append(LlamaCppSpeculativePeer(target, resolve_gguf(draft), display_name(draft),
-                                               threads, engine.target.tokenizer, eos))
+                                               threads, engine.target.tokenizer, eos, length))
     return out
 
 
@@ -258,14 +260,16 @@ def openvino_peers(engine: Any, config: BenchConfig, variants: list[str],
     eos = engine.target.tokenizer.eos_token_ids
     target = peer_openvino.exported_folder(config.target, weights)
     out: list[Contestant] = []
-    for v in variants:
+    for variant in variants:
+        v, length = split_variant(variant)
         draft = draft_folder = None
         if v == "speculative":
             draft = config.draft if config.draft and not is_model_free(config.draft) \
                 else engine.default_draft()
             draft_folder = peer_openvino.exported_folder(draft, weights)
         out.append(peer_openvino.OpenVINOPeer(v, target, threads, eos, draft=draft_folder,
-                                              draft_name=display_name(draft), weights=weights))
+                                              draft_name=display_name(draft), weights=weights,
+                                              draft_length=length))
     return out
 
 

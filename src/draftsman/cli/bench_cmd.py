@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "llama.cpp's own plain, speculative and lookup decoding on the same "
                         "GGUF weights (llama.cpp = all three) or OpenVINO GenAI's on int4 "
                         "exports of the same models (openvino = all three; openvino-int8: on "
-                        "int8 exports; `make openvino`); repeatable")
+                        "int8 exports; `make openvino`); speculative=N / lookup=N set their "
+                        "draft length (llama.cpp's default 3, OpenVINO's 5); repeatable")
     p.add_argument("--turns", choices=["first", "all"], default=None,
                    help="multi-turn prompts (MT-Bench): time the first turn or all turns "
                         "(default: first)")
