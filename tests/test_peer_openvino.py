@@ -27,7 +27,8 @@ NNCF_TAIL = """<rt_info><nncf><weight_compression>
 
 def test_parse_peers_openvino() -> None:
     assert parse_peers(["openvino"]) == [("openvino", "plain"), ("openvino", "speculative"),
-                                         ("openvino", "lookup")]
+                                         ("openvino", "lookup"), ("openvino", "lookup=8")]
+    assert parse_peers(["llama.cpp"])[-1] == ("llama.cpp", "lookup=10")
     assert parse_peers(["openvino:lookup,plain; llama.cpp:plain"]) == [
         ("openvino", "lookup"), ("openvino", "plain"), ("llama.cpp", "plain")]
     with pytest.raises(InvalidArgumentError, match="unknown openvino variant 'assisted'"):

@@ -83,7 +83,7 @@ def test_cpu_preset_times_every_workload(capsys: pytest.CaptureFixture[str]) -> 
     assert {"code-edit", "rag-qa", "grammar", "news-summarization", "humaneval",
             "mt-bench"} == set(cfg.datasets)
     assert parse_peers(cfg.peers) == [("llama.cpp", "plain"), ("llama.cpp", "lookup"),
-                                      ("llama.cpp", "speculative")]
+                                      ("llama.cpp", "lookup=10"), ("llama.cpp", "speculative")]
     methods = parse_methods(cfg.methods)
     assert len(methods) == 12  # autoregressive + three on llama.cpp + eight on torch q4 / q8
     # issue 30's torch q4 contestants: plain, suffix, the 0.5B draft, staged and a tree

@@ -47,6 +47,10 @@ from draftsman.errors import BackendError, InvalidArgumentError
 from draftsman.store.home import draftsman_home
 
 VARIANTS = ("plain", "speculative", "lookup")
+# what `--peer openvino` runs: the documented settings, and lookup with 8 assistant tokens
+# (1.49x against 1.33x for 5 over the cpu preset on the AMX Xeon, bench-results/
+# peer-draft-lengths)
+DEFAULT_VARIANTS = (*VARIANTS, "lookup=8")
 DEVICE = "CPU"
 WEIGHTS = "int4"  # the exported folders `openvino` loads: <name>-int4
 # peer name -> the weight format of the exports it loads (<name>-<format>)

@@ -55,11 +55,13 @@ def parse_peers(specs: list[str] | None) -> list[tuple[str, str]]:
     """(peer, variant) pairs. `hf` -> plain, assisted and prompt-lookup (`compiled` only by
     name: it compiles a model of its own), `hf:plain,assisted` -> those;
     `llama.cpp` and `openvino` (`openvino-int8`: its 8-bit exports) -> their plain,
-    speculative and lookup decoding, whose draft length `speculative=N` / `lookup=N` sets
-    (else the peer's default); `;` or repeated specs are merged."""
+    speculative and lookup decoding, and lookup with a longer draft (their DEFAULT_VARIANTS);
+    `speculative=N` / `lookup=N` set the draft length (else the peer's default); `;` or
+    repeated specs are merged."""
     known = {"hf": VARIANTS, "llama.cpp": peer_llama_cpp.VARIANTS}
     known |= {name: peer_openvino.VARIANTS for name in peer_openvino.PEERS}
-    default = dict(known, hf=VARIANTS[:3])
+    default = {"hf": VARIANTS[:3], "llama.cpp": peer_llama_cpp.DEFAULT_VARIANTS}
+    default |= {name: peer_openvino.DEFAULT_VARIANTS for name in peer_openvino.PEERS}
     out: list[tuple[str, str]] = []
     for spec in specs or []:
         for item in (s.strip() for s in spec.split(";")):

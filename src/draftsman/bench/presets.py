@@ -81,10 +81,11 @@ PRESETS: dict[str, Preset] = {
         "suffix branches verified as one tree, the 0.5B draft, whole and with its head "
         "narrowed to 32,768 tokens, and the staged "
         "cascade suffix -> narrowed 0.5B whose long matches bypass the draft) and q8 (prompt "
-        "lookup) in the same run, against llama.cpp's own plain, lookup and speculative "
-        "(0.5B) decoding, on the copy-heavy sets (code-edit, rag-qa, grammar, "
-        "news-summarization, MT-Bench turn 2) and free generation (HumanEval, MT-Bench turn "
-        "1); first 2 prompts each: 14 prompt turns x 15 contestants, 16-55 minutes on a "
+        "lookup) in the same run, against llama.cpp's own plain, lookup (its default 3 "
+        "tokens and 10) and speculative (0.5B) decoding, on the copy-heavy sets (code-edit, "
+        "rag-qa, grammar, news-summarization, MT-Bench turn 2) and free generation "
+        "(HumanEval, MT-Bench turn 1); first 2 prompts each: 14 prompt turns x 16 "
+        "contestants, 17-57 minutes on a "
         "2-core CPU. Its records drive `--backend auto`",
         methods=(
             "default",
@@ -101,7 +102,7 @@ PRESETS: dict[str, Preset] = {
         datasets=(*COPY_HEAVY_SETS, *FREE_SETS),
         limit=2,
         max_new_tokens=128,
-        peers=("llama.cpp:plain,lookup,speculative",),
+        peers=("llama.cpp:plain,lookup,lookup=10,speculative",),
         backend="llama.cpp",
         turns="all",
         numerics="fast",
