@@ -60,7 +60,8 @@ PRESETS: dict[str, Preset] = {
         "the llama.cpp backend on the default pair's GGUF weights: autoregressive, "
         "every drafter under the cost-model controller, prompt lookup with cost-chosen tree "
         "branches, the 0.5B draft at fixed γ, against "
-        "llama.cpp's own plain and speculative decoding; HumanEval and MT-Bench, greedy",
+        "llama.cpp's own plain, speculative and lookup decoding (lookup also at 10 tokens); "
+        "HumanEval and MT-Bench, greedy",
         methods=(
             "speculative:draft=prompt-lookup,gamma=auto",
             "speculative:draft=ngram,gamma=auto",
