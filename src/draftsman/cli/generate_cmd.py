@@ -211,6 +211,9 @@ def report_choices(engine: draftsman.Engine, default_why: str = "") -> None:
     if summary:
         paths = ", ".join(f"{n} {kind}" for kind, n in summary.items())
         print(f"weights: {paths}", file=sys.stderr)
+        note = getattr(engine.target.model, "packed_note", None)
+        if note:
+            print(f"packed weights: {note}", file=sys.stderr)
         if any(k.endswith("kernel (as stored)") for k in summary):
             path = (f"records of 16 rows, vectors and {tile_rows_line()}" if kquant_amx() else
                     "records of 16 rows on "

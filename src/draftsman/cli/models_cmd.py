@@ -13,7 +13,7 @@ from pathlib import Path
 from draftsman.cli.common import add_group
 from draftsman.errors import InvalidArgumentError
 from draftsman.store.catalogue import CATALOGUE, get_entry
-from draftsman.store.home import draftsman_home
+from draftsman.store.home import draftsman_home, gguf_path
 from draftsman.store.integrity import sha256_file
 from draftsman.store.pull import install_converted, pull_model, remove_model
 from draftsman.store.resolve import resolve_gguf, resolve_model
@@ -122,6 +122,12 @@ def cmd_path(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    from draftsman.models.packed_cache import remove_entries
+
+    entries = remove_entries(gguf_path(args.name)) if args.name in CATALOGUE else 0
+    if entries:
+        print(f"removed {entries} packed-weight entr{'y' if entries == 1 else 'ies'} of "
+              f"{args.name}", file=sys.stderr)
     if remove_model(args.name):
         print(f"removed {args.name}", file=sys.stderr)
     else:

@@ -83,14 +83,16 @@ void pack_q8_0(const uint8_t* blk, int count, int c, uint8_t* rec) {
   }
 }
 
-// A zeroed [rows, cols] byte tensor that Linux backs with 2 MiB pages where it allows
+// A [rows, cols] byte tensor, zeroed, that Linux backs with 2 MiB pages where it allows
 // (transparent huge pages in "madvise" or "always" mode; elsewhere plain pages, the same
 // tensor). A decode step streams ~1 GB of records: on 4 KiB pages every 1.7 records cross a
 // page and the weight prefetcher pays a page walk, and the hardware prefetchers stop at each
 // page; 16 rows of 8960 x 1536 Q4_K from memory measured 1016-1196 -> 935-949 cycles a
 // record (one thread, an Emerald Rapids core), one row 505-570 -> 430-504. Matrices under
 // 2 MiB take plain pages (rounding them up would cost more memory than they gain).
-at::Tensor zeros_on_huge_pages(int64_t rows, int64_t cols) {
+// `zeroed` false: the bytes are left as the kernel hands out fresh pages (zeros too, but
+// without a second pass over them), for a caller that overwrites them all at once.
+at::Tensor on_huge_pages(int64_t rows, int64_t cols, bool zeroed) {
   constexpr size_t HUGE_PAGE = size_t{1} << 21;
   const size_t bytes = static_cast<size_t>(rows * cols);
   if (bytes < HUGE_PAGE) return at::zeros({rows, cols}, at::kByte);
@@ -100,7 +102,7 @@ at::Tensor zeros_on_huge_pages(int64_t rows, int64_t cols) {
 #if defined(__linux__)
   madvise(p, length, MADV_HUGEPAGE);  // advice before the first touch; refused: plain pages
 #endif
-  std::memset(p, 0, bytes);
+  if (zeroed) std::memset(p, 0, bytes);
   return at::from_blob(p, {rows, cols}, [](void* q) { std::free(q); }, at::TensorOptions().dtype(at::kByte));
 }
 
@@ -148,7 +150,7 @@ at::Tensor kquant_pack_records(const at::Tensor& w, int64_t qtype, int64_t k) {
   const int rec_bytes = record_bytes(qtype);
   const int64_t bytes = group_bytes(qtype, k, nb);
   // padded columns stay zero: d = dmin = 0, so they compute 0 and are never written out
-  at::Tensor out = zeros_on_huge_pages(groups, bytes);
+  at::Tensor out = on_huge_pages(groups, bytes, true);
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
@@ -180,7 +182,7 @@ at::Tensor int8_pack_records(const at::Tensor& q, const at::Tensor& scale) {
               "int8_pack_records: scale must be a contiguous float32 [N] tensor");
   const int64_t n = q.size(0), k = q.size(1), nb = (k + QK - 1) / QK, groups = (n + COLS - 1) / COLS;
   const int64_t bytes = group_bytes(TYPE_I8_ROW, k, nb);
-  at::Tensor out = zeros_on_huge_pages(groups, bytes);
+  at::Tensor out = on_huge_pages(groups, bytes, true);
   const int8_t* src = q.data_ptr<int8_t>();
   const float* d = scale.data_ptr<float>();
   uint8_t* dst = out.data_ptr<uint8_t>();
@@ -206,6 +208,9 @@ at::Tensor int8_pack_records(const at::Tensor& q, const at::Tensor& scale) {
 TORCH_LIBRARY_FRAGMENT(draftsman, m) {
   m.def("kquant_pack_records(Tensor w, int qtype, int k=-1) -> Tensor");
   m.def("int8_pack_records(Tensor q, Tensor scale) -> Tensor");
+  // no tensor argument to dispatch on: one kernel for every backend (models/packed_cache.py
+  // reads cached records into it)
+  m.def("on_huge_pages(int rows, int cols, bool zeroed) -> Tensor", &on_huge_pages);
 }
 
 TORCH_LIBRARY_IMPL(draftsman, CPU, m) {

@@ -16,6 +16,7 @@ from draftsman.models.config import ModelConfig
 from draftsman.models.draft_vocab import VocabSubsetHead, narrowed_linear
 from draftsman.models.gpt2 import GPT2Model
 from draftsman.models.llama import LlamaModel
+from draftsman.models.packed_cache import load_or_pack
 from draftsman.models.quant_linear import hf_weight_names, quantize_model
 from draftsman.models.weight_formats import FORMATS, QUANT_KINDS, parse_dtype
 
@@ -108,19 +109,20 @@ def load_model(
     if dtype in QUANT_KINDS:
         from draftsman.store.gguf_blocks import read_gguf_blocks
 
-        blocks = None if gguf is None else read_gguf_blocks(gguf)
-        if FORMATS[dtype].needs_gguf and blocks is None:
+        if FORMATS[dtype].needs_gguf and gguf is None:
             raise DraftsmanError(
                 f"--dtype {dtype} runs a GGUF's own blocks and {folder} comes with none: "
                 "pass a catalogue name or a .gguf file")
         if device is not None and device.type != "cpu":
             # every quantised format's kernels are CPU kernels
             raise UnsupportedError(f"--dtype {dtype} runs on the CPU only, not on {device}")
-        if blocks is None:  # q8 of the folder's own weights
+        if gguf is None:  # q8 of the folder's own weights
             model = build_model(config, read_safetensors(folder), torch.bfloat16, max_positions)
-            return quantize_model(model, str(dtype), blocks, head_rows)
-        return _quantized_from_blocks(folder, config, str(dtype), blocks, max_positions,
-                                      head_rows)
+            return quantize_model(model, str(dtype), None, head_rows)
+        return load_or_pack(
+            folder, Path(gguf), str(dtype), max_positions, head_rows,
+            lambda: _quantized_from_blocks(folder, config, str(dtype), read_gguf_blocks(gguf),
+                                           max_positions, head_rows))
     model = build_model(config, read_safetensors(folder), dtype, max_positions, device)
     if head_rows is not None:
         head = narrowed_linear(model.lm_head, head_rows)

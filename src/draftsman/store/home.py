@@ -5,6 +5,8 @@ Layout:
     models/<name>/          converted Hugging Face-style folder, with draftsman-manifest.json
     tmp/                    downloads in progress (removed after each pull)
     locks/<name>.lock       one pull of a given model at a time, across processes
+    packed/<key>/           q4 / q8 weights as the kernels take them, kept after the first
+                            load (models/packed_cache.py; least recently used go past 8 GB)
 
 Files appear under gguf/ and models/ only by atomic rename of a completed, verified file or
 folder, so a crash leaves at most litter in tmp/ or a dot-prefixed partial, never a file
