@@ -1,10 +1,12 @@
 """Packed weights kept on disk, so that a q4 / q8 model loads in about a second the next time.
 
 Packing a GGUF's blocks into the kernels' records, and requantising a draft's other matrices
-to Q4_K, takes seconds at every load (the 1.5B q4 3.5 s, the 0.5B q4-draft 2.8 s on a 2-core
-AMX Xeon). A packed model is a pure function of what it was made from: the GGUF and the
-folder's files, the format, the draft's head rows, draftsman's sources and the kernels'
-build (sources, flags, CPU), and the `DRAFTSMAN_*` switches that pick kernels. All of these
+to Q4_K, takes seconds at every load; reading them back is 2.5-3.2x faster (a fresh process
+loads the 1.5B q4 in 1.7 s instead of 4.3 on a 2-core AMX Xeon, the forward level:
+bench-results/load-packed-cache). A packed model is a pure function of what it was made
+from: the GGUF and the folder's files, the format, the draft's head rows, draftsman's sources
+and the kernels' build (sources, flags, CPU), and the `DRAFTSMAN_*` switches that pick
+kernels. All of these
 make an entry's key, so an entry is read back only where packing again would give the same
 bytes; anything else packs afresh under a new key.
 
