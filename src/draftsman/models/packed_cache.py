@@ -1,4 +1,4 @@
-"""Packed weights kept on disk, so that a q4 / q8 model loads in about a second the next time.
+"""Packed weights kept on disk, so that a q4 / q8 model loads in seconds less the next time.
 
 Packing a GGUF's blocks into the kernels' records, and requantising a draft's other matrices
 to Q4_K, takes seconds at every load; reading them back is 2.5-3.2x faster (a fresh process
@@ -6,9 +6,8 @@ loads the 1.5B q4 in 1.7 s instead of 4.3 on a 2-core AMX Xeon, the forward leve
 bench-results/load-packed-cache). A packed model is a pure function of what it was made
 from: the GGUF and the folder's files, the format, the draft's head rows, draftsman's sources
 and the kernels' build (sources, flags, CPU), and the `DRAFTSMAN_*` switches that pick
-kernels. All of these
-make an entry's key, so an entry is read back only where packing again would give the same
-bytes; anything else packs afresh under a new key.
+kernels. All of these make an entry's key, so an entry is read back only where packing again
+would give the same bytes; anything else packs afresh under a new key.
 
 An entry, `$DRAFTSMAN_HOME/packed/<key>/` (or under `$DRAFTSMAN_PACKED_DIR`):
     records.bin   every large byte buffer (the records), read straight into memory on 2 MiB
