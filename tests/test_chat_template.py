@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jinja2
 import pytest
 
-from draftsman.errors import DraftsmanError
+from draftsman.errors import DraftsmanError, IncompatibleModelsError
 from draftsman.testing.tiny_models import tiny_tokenizer
 from draftsman.text.tokenizer import Tokenizer
 
@@ -53,3 +54,27 @@ def test_a_broken_template_fails_with_one_clear_error_every_time(tokenizer):
     for _ in range(2):  # a failed compile is not cached as a success
         with pytest.raises(DraftsmanError, match="chat template failed"):
             tokenizer.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_a_tokenizer_file_shared_by_two_models_is_parsed_once(tmp_path: Path):
+    """A target and its draft usually ship the same tokenizer.json: one parse, one object
+    (check_same_vocabulary then compares nothing); another file is parsed apart."""
+    from draftsman.text.tokenizer import check_same_vocabulary
+
+    for name in ("target", "draft", "other"):
+        tiny_tokenizer(tmp_path / name)
+    other = tmp_path / "other" / "tokenizer.json"
+    other.write_text(other.read_text().replace('"version"', '"version" ', 1))
+    target, draft, third = (Tokenizer.from_folder(tmp_path / n)
+                            for n in ("target", "draft", "other"))
+    assert target.backend is draft.backend and third.backend is not target.backend
+    assert third.vocab == target.vocab
+    check_same_vocabulary(target, draft, "target", "draft")
+    check_same_vocabulary(target, third, "target", "other")
+    data = json.loads(other.read_text())  # two tokens' ids swapped: a different vocabulary
+    vocab = data["model"]["vocab"]
+    a, b = list(vocab)[-2:]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    other.write_text(json.dumps(data))
+    with pytest.raises(IncompatibleModelsError, match="different vocabularies"):
+        check_same_vocabulary(target, Tokenizer.from_folder(tmp_path / "other"), "t", "o")

@@ -1,4 +1,4 @@
-"""The shared command-line helpers: comma-separated values and command groups."""
+"""The shared command-line helpers: comma-separated values, command groups, error lines."""
 
 import argparse
 
@@ -44,3 +44,19 @@ def test_the_command_line_starts_without_the_test_harness():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert run.stdout.strip() == "[]"
+
+
+def test_an_unknown_option_names_its_command_and_the_closest_option(capsys):
+    from draftsman.cli.main import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "hi", "--max-tokens", "5"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "usage: draftsman generate" in err
+    assert "unrecognized arguments: --max-tokens 5 (did you mean --max-new-tokens for " \
+        "--max-tokens?)" in err
+    with pytest.raises(SystemExit):
+        main(["models", "list", "--zzzzzz"])
+    err = capsys.readouterr().err
+    assert "draftsman models: error: unrecognized arguments: --zzzzzz" in err
+    assert "did you mean" not in err  # nothing close: no guess

@@ -20,7 +20,13 @@ from tiny import hf_model, ours_from_hf
 from draftsman.errors import DraftsmanError
 from draftsman.kernels.native import kquant_available
 from draftsman.models import draft_vocab
-from draftsman.models.draft_vocab import VocabSubsetHead, head_tokens, narrowed_linear
+from draftsman.models.draft_vocab import (
+    VocabSubsetHead,
+    head_tokens,
+    narrowed_linear,
+    special_tokens,
+    top_level_value,
+)
 from draftsman.models.loader import build_model
 from draftsman.models.quant_linear import quantize_model
 from draftsman.proposers.draft_model import DraftModelProposer
@@ -237,3 +243,21 @@ def test_a_head_with_a_bias_keeps_its_rows_of_the_bias():
     x = torch.randn(3, 8)
     got = VocabSubsetHead(narrowed_linear(head, keep), keep, 20)(x)
     torch.testing.assert_close(got[:, keep], head(x)[:, keep], rtol=1e-6, atol=1e-6)
+
+
+def test_special_tokens_read_the_added_tokens_without_the_vocabulary(tmp_path):
+    """The top-level list's ids, wherever it stands (first, as Hugging Face writes it; after
+    a model whose vocabulary holds the same key; absent)."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    added = '[{"id": 95, "content": "<|end|>"}, {"id": 96, "content": "]"}]'
+    model = '{"vocab": {"added_tokens": 1, "a": 0}, "merges": [["a", "b"]]}'
+    for text, want in [
+        (f'{{"version": "1.0", "added_tokens": {added}, "model": {model}}}', {95, 96}),
+        (f'{{"model": {model} ,\n "added_tokens" :{added} }}', {95, 96}),
+        (f'{{"model": {model}}}', set()),
+    ]:
+        (folder / "tokenizer.json").write_text(text)
+        assert special_tokens(folder) == want, text
+    with pytest.raises(DraftsmanError, match="not a JSON object"):
+        top_level_value("[1]", "added_tokens")

@@ -7,6 +7,7 @@ Each module in `draftsman.cli` exposes `register(subparsers)`, which adds its pa
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from draftsman.cli.common import register_modules
@@ -37,12 +38,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     register_modules(COMMAND_MODULES, subparsers)
+    parser.commands = subparsers.choices  # name -> its parser, for main's error lines
     return parser
+
+
+def unrecognized(extra: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's line for arguments nobody took, with the closest option of `parser` for a
+    mistyped one (--max-tokens: did you mean --max-new-tokens?)."""
+    options = [o for a in parser._actions for o in a.option_strings]
+    hints = [f"{close[0]} for {name}" for name in (a.split("=")[0] for a in extra)
+             if name.startswith("--")
+             for close in [difflib.get_close_matches(name, options, n=1)] if close]
+    return (f"unrecognized arguments: {' '.join(extra)}"
+            + (f" (did you mean {', '.join(hints)}?)" if hints else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage, not the top level's
+        command = parser.commands.get(args.command) if args.command else None
+        (command or parser).error(unrecognized(extra, command or parser))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
