@@ -149,11 +149,26 @@ def test_eviction_keeps_the_most_recently_used_within_the_budget(home, monkeypat
         partial.mkdir()
         os.utime(partial, (now - age, now - age))
     monkeypatch.setenv(packed_cache.BUDGET_ENV, str(2500 / 1e9))
-    evict(keep=root / "oldest")  # just written: stays whatever its time
+    evict(packed_cache.budget_bytes(), keep=root / "oldest")  # just written: stays
     assert sorted(p.name for p in root.iterdir()) == [".y.partial-2", "newest", "oldest"]
+
+
+def test_a_bad_budget_stops_before_packing(saved, home, monkeypatch):  # noqa: F811
+    _, _, folder, path = saved
+    calls = packs(monkeypatch)
     monkeypatch.setenv(packed_cache.BUDGET_ENV, "lots")
     with pytest.raises(InvalidArgumentError, match="not a number of gigabytes"):
-        evict(keep=root / "oldest")
+        load_model(folder, "q4", gguf=path)
+    assert calls == []
+
+
+def test_shared_buffers_are_not_kept(saved, home, capsys):  # noqa: F811
+    _, _, folder, path = saved
+    model = load_model(folder, "q4", gguf=path, max_positions=64)
+    (*_, t), (m_name, b_name, _), *_ = packed_cache._large_buffers(model)
+    model.get_submodule(m_name)._buffers[b_name] = t  # two modules, one buffer
+    assert not packed_cache.write_entry(model, packed_cache.packed_dir() / "x", path)
+    assert "share a packed buffer" in capsys.readouterr().err
 
 
 def test_records_are_read_into_fresh_pages():

@@ -72,6 +72,7 @@ def load_or_pack(folder: Path, gguf: Path, kind: str, max_positions: int | None,
     words, for --verbose)."""
     if not enabled():
         return _tagged(pack(), None, f"packed at load ({OFF_ENV}=0 or no kernels)")
+    budget = budget_bytes()  # a bad setting stops here, before seconds of packing
     key = entry_key(folder, gguf, kind, max_positions, head_rows)
     entry = packed_dir() / key
     if entry.is_dir():
@@ -89,7 +90,7 @@ def load_or_pack(folder: Path, gguf: Path, kind: str, max_positions: int | None,
         return _tagged(model, None, f"packed at load (under {MIN_BYTES >> 20} MiB: not kept)")
     if not write_entry(model, entry, gguf):
         return _tagged(model, None, "packed at load (not kept: see the line above)")
-    evict(keep=entry)
+    evict(budget, keep=entry)
     return _tagged(model, entry, f"packed at load, kept in {entry}")
 
 
@@ -152,6 +153,8 @@ def write_entry(model: DecoderLM, entry: Path, gguf: Path) -> bool:
     tmp = entry.parent / f"{partial_prefix(entry)}{os.getpid()}"
     big = _large_buffers(model)
     try:
+        if len({t.data_ptr() for *_, t in big}) < len(big):
+            raise ValueError("two modules share a packed buffer")  # would be read back twice
         tmp.mkdir(parents=True, exist_ok=True)
         places, offset = [], 0
         with open(tmp / "records.bin", "wb") as f:
@@ -200,28 +203,37 @@ def read_entry(entry: Path) -> DecoderLM:
     return model
 
 
-def evict(keep: Path) -> None:
-    """Remove entries, least recently used first, until they fit the budget (`keep`, the
-    entry just written, stays), and partial entries a crashed writer left an hour ago."""
+def budget_bytes() -> float:
+    """The entries' budget in bytes ($DRAFTSMAN_PACKED_CACHE_GB, default 8)."""
     value = os.environ.get(BUDGET_ENV, str(DEFAULT_BUDGET_GB))
     try:
-        budget = float(value) * 1e9
+        return float(value) * 1e9
     except ValueError:
         raise InvalidArgumentError(f"{BUDGET_ENV}={value!r}: not a number of gigabytes") from None
-    entries = []
+
+
+def evict(budget: float, keep: Path) -> None:
+    """Remove entries, least recently used first, until they fit `budget` bytes (`keep`, the
+    entry just written, stays), and partial entries a crashed writer left an hour ago.
+    Another process may be evicting too: an entry gone meanwhile counts as removed."""
+    entries: dict[Path, tuple[float, int]] = {}  # entry -> (last use, bytes)
     for e in packed_dir().iterdir():
-        if not e.name.startswith("."):
-            entries.append(e)
-        elif time.time() - e.stat().st_mtime > STALE_PARTIAL_S:
-            shutil.rmtree(e, ignore_errors=True)
-    sizes = {e: sum(f.stat().st_size for f in e.iterdir()) for e in entries}
-    total = sum(sizes.values())
-    for e in sorted(entries, key=lambda e: e.stat().st_mtime):
+        try:
+            used = e.stat().st_mtime
+            if e.name.startswith("."):
+                if time.time() - used > STALE_PARTIAL_S:
+                    shutil.rmtree(e, ignore_errors=True)
+                continue
+            entries[e] = (used, sum(f.stat().st_size for f in e.iterdir()))
+        except OSError:
+            continue
+    total = sum(size for _, size in entries.values())
+    for e, (_, size) in sorted(entries.items(), key=lambda item: item[1][0]):
         if total <= budget:
             break
         if e != keep:
             shutil.rmtree(e, ignore_errors=True)
-            total -= sizes[e]
+            total -= size
 
 
 def remove_entries(gguf: Path) -> int:
