@@ -182,6 +182,9 @@ def test_records_are_read_into_fresh_pages():
 def test_models_rm_removes_the_entries_of_its_gguf(saved, home, tmp_path):  # noqa: F811
     _, _, folder, path = saved
     mine = load_model(folder, "q4", gguf=path).packed_entry
+    from draftsman.cli.models_cmd import packed_usage
+
+    assert packed_usage().startswith("packed weights: 1 entry, 0.0 of 8 GB in ")
     other = packed_cache.packed_dir() / "other"
     other.mkdir()
     (other / "entry.json").write_text('{"gguf": "/somewhere/else.gguf"}')

@@ -135,11 +135,14 @@ def test_second_pull_does_nothing(pulled, use_home, capsys) -> None:
 
 
 @pytest.mark.slow
-def test_cli_list_and_path(pulled, use_home, capsys) -> None:
+def test_cli_list_and_path(pulled, use_home, capsys, monkeypatch) -> None:
     home, _, _ = pulled
     use_home(home)
+    monkeypatch.delenv("DRAFTSMAN_PACKED_DIR", raising=False)
     assert main(["models", "list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out, err = capsys.readouterr()
+    assert f"packed weights: 0 entries, 0.0 of 8 GB in {home / 'packed'}" in err
+    lines = out.splitlines()
     rows = {line.split()[0]: line for line in lines[1:] if line.strip()}
     assert set(rows) == set(CATALOGUE)
     assert "  pulled  " in rows[SMOLLM]

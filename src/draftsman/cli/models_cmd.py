@@ -85,7 +85,20 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
               + "  " + row[4])
     print(f"\nstore: {draftsman_home()}", file=sys.stderr)
+    print(packed_usage(), file=sys.stderr)
     return 0
+
+
+def packed_usage() -> str:
+    """One line on the packed-weight entries (models/packed_cache.py): where, how many, how
+    much of the budget."""
+    from draftsman.models.packed_cache import budget_bytes, packed_dir
+
+    folder = packed_dir()
+    entries = [e for e in folder.iterdir() if not e.name.startswith(".")] if folder.is_dir() else []
+    used = sum(f.stat().st_size for e in entries for f in e.iterdir())
+    return (f"packed weights: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
+            f"{used / 1e9:.1f} of {budget_bytes() / 1e9:.0f} GB in {folder}")
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
