@@ -137,7 +137,8 @@ def test_q4_target_with_a_q4_draft_draft_emits_its_own_tokens():
 
 def stub(name: str, dtype) -> LoadedModel:
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=97), dtype=dtype)
-    return LoadedModel(name, Path("/nonexistent"), model, SimpleNamespace(vocab={"a": 0}))
+    tokenizer = SimpleNamespace(vocab={"a": 0}, backend=object())  # its own parse
+    return LoadedModel(name, Path("/nonexistent"), model, tokenizer)
 
 
 @pytest.fixture
