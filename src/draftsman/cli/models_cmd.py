@@ -92,13 +92,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 def packed_usage() -> str:
     """One line on the packed-weight entries (models/packed_cache.py): where, how many, how
     much of the budget."""
-    from draftsman.models.packed_cache import budget_bytes, packed_dir
+    from draftsman.models.packed_cache import budget_bytes, entries, packed_dir
 
-    folder = packed_dir()
-    entries = [e for e in folder.iterdir() if not e.name.startswith(".")] if folder.is_dir() else []
-    used = sum(f.stat().st_size for e in entries for f in e.iterdir())
-    return (f"packed weights: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
-            f"{used / 1e9:.1f} of {budget_bytes() / 1e9:.0f} GB in {folder}")
+    kept = entries()
+    used = sum(size for _, size in kept.values())
+    return (f"packed weights: {len(kept)} entr{'y' if len(kept) == 1 else 'ies'}, "
+            f"{used / 1e9:.1f} of {budget_bytes() / 1e9:.0f} GB in {packed_dir()}")
 
 
 def cmd_pull(args: argparse.Namespace) -> int:

@@ -212,23 +212,29 @@ def budget_bytes() -> float:
         raise InvalidArgumentError(f"{BUDGET_ENV}={value!r}: not a number of gigabytes") from None
 
 
+def entries() -> dict[Path, tuple[float, int]]:
+    """Each complete entry: (last use, bytes). One removed meanwhile by another process is
+    left out."""
+    found: dict[Path, tuple[float, int]] = {}
+    if packed_dir().is_dir():
+        for e in packed_dir().iterdir():
+            if not e.name.startswith("."):
+                with contextlib.suppress(OSError):
+                    found[e] = (e.stat().st_mtime, sum(f.stat().st_size for f in e.iterdir()))
+    return found
+
+
 def evict(budget: float, keep: Path) -> None:
     """Remove entries, least recently used first, until they fit `budget` bytes (`keep`, the
     entry just written, stays), and partial entries a crashed writer left an hour ago.
     Another process may be evicting too: an entry gone meanwhile counts as removed."""
-    entries: dict[Path, tuple[float, int]] = {}  # entry -> (last use, bytes)
-    for e in packed_dir().iterdir():
-        try:
-            used = e.stat().st_mtime
-            if e.name.startswith("."):
-                if time.time() - used > STALE_PARTIAL_S:
-                    shutil.rmtree(e, ignore_errors=True)
-                continue
-            entries[e] = (used, sum(f.stat().st_size for f in e.iterdir()))
-        except OSError:
-            continue
-    total = sum(size for _, size in entries.values())
-    for e, (_, size) in sorted(entries.items(), key=lambda item: item[1][0]):
+    for e in packed_dir().glob(".*"):
+        with contextlib.suppress(OSError):
+            if time.time() - e.stat().st_mtime > STALE_PARTIAL_S:
+                shutil.rmtree(e, ignore_errors=True)
+    kept = entries()
+    total = sum(size for _, size in kept.values())
+    for e, (_, size) in sorted(kept.items(), key=lambda item: item[1][0]):
         if total <= budget:
             break
         if e != keep:
