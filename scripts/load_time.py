@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from draftsman.hardware import cpu_model
 
 LOAD = ("import time, sys; t = time.perf_counter(); "
         "from draftsman.engine import load_bundle; "
@@ -32,19 +33,21 @@ GENERATE = ["generate", "Write a Python function that reverses a string.", "--ma
             "16"]
 
 
+def cache_env(cache: bool) -> dict[str, str]:
+    return {**os.environ, "DRAFTSMAN_PACKED_CACHE": "1" if cache else "0"}
+
+
 def run_load(spec: str, dtype: str, cache: bool) -> tuple[float, str]:
-    env = {**os.environ, "DRAFTSMAN_PACKED_CACHE": "1" if cache else "0"}
-    out = subprocess.run([sys.executable, "-c", LOAD, spec, dtype], env=env, check=True,
-                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    out = subprocess.run([sys.executable, "-c", LOAD, spec, dtype], env=cache_env(cache),
+                         check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     seconds, note = out.split(" ", 1)
     return float(seconds), note
 
 
 def run_generate(cache: bool) -> float:
-    env = {**os.environ, "DRAFTSMAN_PACKED_CACHE": "1" if cache else "0"}
     cli = Path(sys.executable).parent / "draftsman"
     t = time.perf_counter()
-    subprocess.run([str(cli), *GENERATE], env=env, check=True, capture_output=True)
+    subprocess.run([str(cli), *GENERATE], env=cache_env(cache), check=True, capture_output=True)
     return time.perf_counter() - t
 
 
@@ -76,16 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "load-time.json").write_text(json.dumps(
-            {"cpu": cpu_name(), "seconds": seconds, "generate": GENERATE,
+            {"cpu": cpu_model(), "seconds": seconds, "generate": GENERATE,
              "rounds": args.rounds}, indent=1) + "\n")
     return 0
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def measure(pairs: list[tuple[str, str]], rounds: int) -> dict[str, dict[str, list[float]]]:
